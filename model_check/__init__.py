@@ -1,0 +1,1 @@
+"""model_check: deterministic simulation and exhaustive exploration of the protocol."""

@@ -1,0 +1,1 @@
+"""rdzv: a model-checked elastic rendezvous with PyTorch's handler API."""

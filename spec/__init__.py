@@ -1,0 +1,119 @@
+"""spec: the rdzv rendezvous protocol, once, as data.
+
+Pure and standard-library only: no clocks, no I/O, no threads, no randomness. The model
+checker (``model_check``) and the real handler (``rdzv``) both interpret what is here.
+
+- :mod:`spec.state`: node identity and the shared state (immutable values);
+- :mod:`spec.settings`: settings with PyTorch's defaults and validation;
+- :mod:`spec.vocabulary`: operations, actions, failure kinds;
+- :mod:`spec.tables`: the ordered decision tables, one per operation;
+- :mod:`spec.effects`: what each action does to the state, sanitize, the round epilogue;
+- :mod:`spec.variants`: protocol variants as small diffs of tables and effects;
+- :mod:`spec.machine`: the per-node executor loop as a sans-IO state machine;
+- :mod:`spec.codec`: canonical versioned bytes for the shared state;
+- :mod:`spec.invariants`: named safety properties.
+"""
+
+from spec.codec import CorruptState, decode, encode
+from spec.effects import UPSTREAM_EFFECTS, Sanitized, remove_participant_epilogue, sanitize
+from spec.invariants import (
+    STATE_INVARIANTS,
+    STEP_INVARIANTS,
+    StateInvariant,
+    StepInvariant,
+    check_state,
+    check_step,
+)
+from spec.machine import (
+    STATE_KEY,
+    CasResult,
+    CompareAndSet,
+    Config,
+    Done,
+    Event,
+    Fail,
+    InvalidTransition,
+    IoFailed,
+    Local,
+    Now,
+    Phase,
+    Read,
+    ReadResult,
+    Request,
+    StartOp,
+    Step,
+    Token,
+    Wait,
+    WokeUp,
+    context,
+    next_timer,
+    step,
+)
+from spec.settings import SECOND, Settings, SettingsError
+from spec.state import EMPTY_STATE, KEEP, Millis, NodeId, RendezvousState
+from spec.tables import Atom, Context, Literal, NoRowMatches, Row, Table, row
+from spec.variants import TORCH_213, UPSTREAM, VARIANTS, Variant, get_variant
+from spec.vocabulary import ACTION_FAILURES, Action, FailKind, Op
+
+__all__ = [
+    "ACTION_FAILURES",
+    "EMPTY_STATE",
+    "KEEP",
+    "SECOND",
+    "STATE_INVARIANTS",
+    "STATE_KEY",
+    "STEP_INVARIANTS",
+    "TORCH_213",
+    "UPSTREAM",
+    "UPSTREAM_EFFECTS",
+    "VARIANTS",
+    "Action",
+    "Atom",
+    "CasResult",
+    "CompareAndSet",
+    "Config",
+    "Context",
+    "CorruptState",
+    "Done",
+    "Event",
+    "Fail",
+    "FailKind",
+    "InvalidTransition",
+    "IoFailed",
+    "Literal",
+    "Local",
+    "Millis",
+    "NoRowMatches",
+    "NodeId",
+    "Now",
+    "Op",
+    "Phase",
+    "Read",
+    "ReadResult",
+    "RendezvousState",
+    "Request",
+    "Row",
+    "Sanitized",
+    "Settings",
+    "SettingsError",
+    "StartOp",
+    "StateInvariant",
+    "Step",
+    "StepInvariant",
+    "Table",
+    "Token",
+    "Variant",
+    "Wait",
+    "WokeUp",
+    "check_state",
+    "check_step",
+    "context",
+    "decode",
+    "encode",
+    "get_variant",
+    "next_timer",
+    "remove_participant_epilogue",
+    "row",
+    "sanitize",
+    "step",
+]

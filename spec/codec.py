@@ -1,0 +1,215 @@
+"""Canonical, versioned encoding of the shared state. Never pickle.
+
+Format (version 1): one JSON object, UTF-8, keys sorted, no whitespace::
+
+    {"closed":false,"complete":true,"deadline":null,
+     "heartbeats":[["host",pid,local_id,wall_ms],...],
+     "participants":[["host",pid,local_id,rank],...],
+     "redundancy_list":[["host",pid,local_id],...],
+     "round":3,"v":1,
+     "wait_list":[["host",pid,local_id],...]}
+
+Lists are sorted by node, so the same state always encodes to the same bytes.
+
+Decoding accepts exactly this shape and nothing else: unknown or missing keys, wrong
+types (``true`` is not an integer), integers out of range, duplicate keys or nodes,
+non-finite numbers, excessive nesting, invalid UTF-8 and unknown versions all raise
+:class:`CorruptState` with a message naming the problem. No other exception escapes
+:func:`decode`, whatever the input, and decoding never executes anything.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any, NoReturn
+
+from spec.state import NodeId, RendezvousState
+
+VERSION = 1
+MAX_INT = 2**63 - 1
+"""Largest integer accepted anywhere in the state (fits a signed 64-bit field)."""
+MIN_INT = -(2**63)
+"""Smallest time accepted (times may be negative in simulations)."""
+MAX_ADDR_LEN = 1024
+MAX_BYTES = 64 * 1024 * 1024
+"""Refuse to parse anything larger: a state for 100,000 nodes is well below this."""
+
+_KEYS = frozenset(
+    {
+        "v",
+        "round",
+        "complete",
+        "closed",
+        "deadline",
+        "participants",
+        "wait_list",
+        "redundancy_list",
+        "heartbeats",
+    }
+)
+
+
+class CorruptState(ValueError):
+    """The bytes in the store are not a valid rendezvous state."""
+
+
+def _node_fields(node: NodeId) -> list[Any]:
+    return [node.addr, node.pid, node.local_id]
+
+
+def encode(state: RendezvousState) -> bytes:
+    """The canonical bytes of ``state``."""
+    doc = {
+        "v": VERSION,
+        "round": state.round,
+        "complete": state.complete,
+        "closed": state.closed,
+        "deadline": state.deadline,
+        "participants": [[*_node_fields(n), r] for n, r in state.participants],
+        "wait_list": [_node_fields(n) for n in state.wait_list],
+        "redundancy_list": [_node_fields(n) for n in state.redundancy_list],
+        "heartbeats": [[*_node_fields(n), t] for n, t in state.last_heartbeats],
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+# -- decoding ------------------------------------------------------------------------------
+def _bad(what: str) -> NoReturn:
+    raise CorruptState(f"the rendezvous state is corrupt: {what}")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            _bad(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _reject_constant(name: str) -> NoReturn:
+    _bad(f"non-finite number {name}")
+
+
+def _reject_float(text: str) -> NoReturn:
+    _bad(f"non-integer number {text[:32]}")
+
+
+def _int(value: Any, where: str, low: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        _bad(f"{where} must be an integer, got {type(value).__name__}")
+    if not low <= value <= MAX_INT:
+        _bad(f"{where} = {value} is out of range [{low}, {MAX_INT}]")
+    return value
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        _bad(f"{where} must be true or false, got {type(value).__name__}")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        _bad(f"{where} must be a list, got {type(value).__name__}")
+    return value
+
+
+def _node(entry: Any, where: str, extra: int) -> tuple[NodeId, list[Any]]:
+    items = _list(entry, where)
+    if len(items) != 3 + extra:
+        _bad(f"{where} must have {3 + extra} fields, got {len(items)}")
+    addr = items[0]
+    if not isinstance(addr, str) or not addr or len(addr) > MAX_ADDR_LEN:
+        _bad(f"{where}: the address must be a non-empty string of at most {MAX_ADDR_LEN} chars")
+    node = NodeId(addr, _int(items[1], f"{where} pid"), _int(items[2], f"{where} local_id"))
+    return node, items[3:]
+
+
+def _node_list(value: Any, name: str) -> tuple[NodeId, ...]:
+    nodes = []
+    for i, entry in enumerate(_list(value, name)):
+        node, _ = _node(entry, f"{name}[{i}]", 0)
+        nodes.append(node)
+    return _unique_sorted(nodes, name)
+
+
+def _unique_sorted(nodes: list[NodeId], name: str) -> tuple[NodeId, ...]:
+    ordered = sorted(nodes)
+    for a, b in itertools.pairwise(ordered):
+        if a == b:
+            _bad(f"node {a} appears twice in {name}")
+    return tuple(ordered)
+
+
+def _node_map(value: Any, name: str, field: str, low: int = 0) -> tuple[tuple[NodeId, int], ...]:
+    pairs: list[tuple[NodeId, int]] = []
+    for i, entry in enumerate(_list(value, name)):
+        node, rest = _node(entry, f"{name}[{i}]", 1)
+        pairs.append((node, _int(rest[0], f"{name}[{i}] {field}", low)))
+    _unique_sorted([n for n, _ in pairs], name)
+    return tuple(sorted(pairs))
+
+
+def decode(data: bytes) -> RendezvousState:
+    """Parse and validate bytes produced by :func:`encode`; see the module docstring."""
+    try:
+        return _decode(data)
+    except CorruptState:
+        raise
+    except RecursionError:
+        raise CorruptState("the rendezvous state is corrupt: nested too deeply") from None
+    except Exception as exc:  # the documented contract: only CorruptState escapes
+        raise CorruptState(
+            f"the rendezvous state is corrupt: {type(exc).__name__}: {str(exc)[:200]}"
+        ) from None
+
+
+def _decode(data: bytes) -> RendezvousState:
+    if not isinstance(data, bytes | bytearray | memoryview):
+        _bad(f"expected bytes, got {type(data).__name__}")
+    raw = bytes(data)
+    if len(raw) > MAX_BYTES:
+        _bad(f"{len(raw)} bytes is larger than the {MAX_BYTES}-byte limit")
+    if not raw.startswith(b"{"):
+        _bad(
+            "not a rdzv state (expected a JSON object); another program, or an older "
+            "rendezvous implementation, may have written this key"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        _bad(f"invalid UTF-8 at byte {exc.start}")
+    try:
+        doc = json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_reject_constant,
+            parse_float=_reject_float,
+        )
+    except json.JSONDecodeError as exc:
+        _bad(f"invalid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})")
+    if not isinstance(doc, dict):
+        _bad("the top level must be a JSON object")
+    if "v" not in doc:
+        _bad("no version field 'v'; this is not a state written by rdzv")
+    version = doc["v"]
+    if version != VERSION or isinstance(version, bool):
+        _bad(f"unsupported version {version!r}; this rdzv understands version {VERSION}")
+    keys = set(doc)
+    if keys != _KEYS:
+        missing = sorted(_KEYS - keys)
+        unknown = sorted(keys - _KEYS)
+        _bad(f"missing keys {missing}, unknown keys {unknown}")
+    deadline = doc["deadline"]
+    return RendezvousState(
+        round=_int(doc["round"], "round"),
+        complete=_bool(doc["complete"], "complete"),
+        closed=_bool(doc["closed"], "closed"),
+        deadline=None if deadline is None else _int(deadline, "deadline", MIN_INT),
+        participants=_node_map(doc["participants"], "participants", "rank"),
+        wait_list=_node_list(doc["wait_list"], "wait_list"),
+        redundancy_list=_node_list(doc["redundancy_list"], "redundancy_list"),
+        last_heartbeats=_node_map(doc["heartbeats"], "heartbeats", "time", MIN_INT),
+    )

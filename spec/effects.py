@@ -1,0 +1,174 @@
+"""Effects: what each mutating action does to the shared state, as pure functions.
+
+Every effect has the signature ``effect(state, node, settings, wall_now) -> state``.
+``wall_now`` is the acting node's wall clock in milliseconds; it is an argument, never
+read here. The round epilogue and sanitize (pruning of expired nodes) live here too,
+because actions and pruning share them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from spec.settings import Settings
+from spec.state import Millis, NodeId, RendezvousState
+from spec.vocabulary import Action
+
+Effect = Callable[[RendezvousState, NodeId, Settings, Millis], RendezvousState]
+
+
+# -- the round epilogue -------------------------------------------------------------
+def remove_participant_epilogue(state: RendezvousState, settings: Settings) -> RendezvousState:
+    """Run after participants were removed (by exit, rollback or pruning).
+
+    The last participant leaving a complete round opens the next round; dropping
+    below ``min_nodes`` in an open round cancels the last call.
+    """
+    if state.complete:
+        if state.num_participants == 0:
+            return state.evolve(complete=False, round=state.round + 1)
+        return state
+    if state.num_participants < settings.min_nodes:
+        return state.evolve(deadline=None)
+    return state
+
+
+# -- effects ---------------------------------------------------------------------------
+def keep_alive(
+    state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
+) -> RendezvousState:
+    beats = state.heartbeat_map()
+    beats[node] = wall_now
+    return state.evolve(last_heartbeats=beats)
+
+
+def mark_complete(
+    state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
+) -> RendezvousState:
+    """Close the round's membership: ranks are positions in sorted participant order."""
+    ranks = {member: rank for rank, member in enumerate(state.participant_nodes())}
+    return state.evolve(complete=True, deadline=None, participants=ranks)
+
+
+def add_to_participants(
+    state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
+) -> RendezvousState:
+    members = state.participant_map()
+    members[node] = 0
+    new = state.evolve(
+        participants=members,
+        wait_list=[n for n in state.wait_list if n != node],
+    )
+    new = keep_alive(new, node, settings, wall_now)
+    if new.num_participants == settings.min_nodes:
+        new = new.evolve(deadline=wall_now + settings.last_call_timeout)
+    if new.num_participants == settings.max_nodes:
+        new = mark_complete(new, node, settings, wall_now)
+    return new
+
+
+def add_to_wait_list(
+    state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
+) -> RendezvousState:
+    new = state.evolve(
+        redundancy_list=[n for n in state.redundancy_list if n != node],
+        wait_list=(*state.wait_list, node),
+    )
+    return keep_alive(new, node, settings, wall_now)
+
+
+def add_to_redundancy_list(
+    state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
+) -> RendezvousState:
+    new = state.evolve(redundancy_list=(*state.redundancy_list, node))
+    return keep_alive(new, node, settings, wall_now)
+
+
+def _forget_heartbeat(state: RendezvousState, node: NodeId) -> RendezvousState:
+    beats = state.heartbeat_map()
+    beats.pop(node, None)
+    return state.evolve(last_heartbeats=beats)
+
+
+def remove_from_participants(
+    state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
+) -> RendezvousState:
+    members = state.participant_map()
+    members.pop(node, None)
+    new = _forget_heartbeat(state.evolve(participants=members), node)
+    return remove_participant_epilogue(new, settings)
+
+
+def remove_from_wait_list(
+    state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
+) -> RendezvousState:
+    new = state.evolve(wait_list=[n for n in state.wait_list if n != node])
+    return _forget_heartbeat(new, node)
+
+
+def remove_from_redundancy_list(
+    state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
+) -> RendezvousState:
+    new = state.evolve(redundancy_list=[n for n in state.redundancy_list if n != node])
+    return _forget_heartbeat(new, node)
+
+
+def mark_closed(
+    state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
+) -> RendezvousState:
+    return state.evolve(closed=True)
+
+
+UPSTREAM_EFFECTS: Mapping[Action, Effect] = MappingProxyType(
+    {
+        Action.KEEP_ALIVE: keep_alive,
+        Action.ADD_TO_PARTICIPANTS: add_to_participants,
+        Action.ADD_TO_WAIT_LIST: add_to_wait_list,
+        Action.ADD_TO_REDUNDANCY_LIST: add_to_redundancy_list,
+        Action.REMOVE_FROM_PARTICIPANTS: remove_from_participants,
+        Action.REMOVE_FROM_WAIT_LIST: remove_from_wait_list,
+        Action.REMOVE_FROM_REDUNDANCY_LIST: remove_from_redundancy_list,
+        Action.MARK_RENDEZVOUS_COMPLETE: mark_complete,
+        Action.MARK_RENDEZVOUS_CLOSED: mark_closed,
+    }
+)
+"""The effect of every mutating action in the reference protocol."""
+
+
+# -- sanitize --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Sanitized:
+    """The outcome of :func:`sanitize`."""
+
+    state: RendezvousState
+    dead: tuple[NodeId, ...]
+    """Nodes pruned because their heartbeat expired, sorted."""
+    removed_participant: bool
+    """True when at least one pruned node was a participant (the epilogue ran)."""
+
+
+def sanitize(state: RendezvousState, settings: Settings, wall_now: Millis) -> Sanitized:
+    """Prune every node whose last heartbeat is older than the expiry.
+
+    A heartbeat at ``t`` expires when ``t < wall_now - interval * max_attempt``
+    (strictly older than the expiry, as in the reference). Pruned nodes leave every
+    list; if a participant was among them the round epilogue runs.
+    """
+    limit = wall_now - settings.heartbeat_expiry
+    dead = tuple(node for node, beat in state.last_heartbeats if beat < limit)
+    if not dead:
+        return Sanitized(state, (), False)
+    gone = set(dead)
+    members = {n: r for n, r in state.participants if n not in gone}
+    removed = len(members) != state.num_participants
+    new = state.evolve(
+        participants=members,
+        wait_list=[n for n in state.wait_list if n not in gone],
+        redundancy_list=[n for n in state.redundancy_list if n not in gone],
+        last_heartbeats={n: t for n, t in state.last_heartbeats if n not in gone},
+    )
+    if removed:
+        new = remove_participant_epilogue(new, settings)
+    return Sanitized(new, dead, removed)

@@ -1,0 +1,352 @@
+"""The node machine: the operation executor loop as a sans-IO state machine.
+
+A node runs one operation at a time. The machine never performs I/O: it is fed
+*events* (an operation was started, a read or compare-and-set completed, a wait ended,
+an I/O call failed) and answers each with exactly one *request* (read, compare-and-set,
+wait, done, fail) that the interpreter (the real handler, or the model checker) must carry
+out and answer with the matching event. Every event carries the node's clocks, so the
+machine never reads one.
+
+The loop it encodes, for one operation::
+
+    sync:    if dirty -> CompareAndSet(encode(view), token)      (answer: CasResult)
+             elif the view was read less than cache_duration ago -> decide
+             else -> Read                                          (answer: ReadResult)
+    absorb:  decode the returned bytes into the view, remember the token, sanitize
+    decide:  first matching row of the operation's table ->
+             mutating action: apply its effect to the view, mark dirty, sync
+             SYNC:   Wait(until the next timer, or a change)      (answer: WokeUp)
+             FINISH: Done;  errors: Fail
+
+Local state (:class:`Local`) is a plain immutable value: the model checker hashes and
+compares it, the handler keeps one per node.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+from spec.codec import CorruptState, decode, encode
+from spec.effects import sanitize
+from spec.settings import Settings
+from spec.state import EMPTY_STATE, Millis, NodeId, RendezvousState
+from spec.tables import Context
+from spec.variants import UPSTREAM, Variant
+from spec.vocabulary import ACTION_FAILURES, Action, FailKind, Op
+
+Token = int | str | bytes
+"""An opaque fencing token handed out by the store with every read."""
+
+STATE_KEY = "state"
+"""The key of the shared state register (relative to the run's namespace)."""
+
+
+# -- clocks -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Now:
+    """A node's two clocks at the moment of an event, in milliseconds."""
+
+    mono: Millis
+    """Monotonic clock: op deadlines, cache age. Only ever compared with itself."""
+    wall: Millis
+    """Wall clock: heartbeats and the last-call deadline written into the shared state."""
+
+
+# -- events (inputs) ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class StartOp:
+    """The node's owner starts an operation that must end by ``deadline`` (monotonic)."""
+
+    op: Op
+    deadline: Millis
+    now: Now
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """Answer to :class:`Read`: the bytes stored (``None`` if the key is absent)."""
+
+    data: bytes | None
+    token: Token | None
+    now: Now
+
+
+@dataclass(frozen=True)
+class CasResult:
+    """Answer to :class:`CompareAndSet`: the bytes now stored and whether ours were set."""
+
+    data: bytes | None
+    token: Token | None
+    has_set: bool
+    now: Now
+
+
+@dataclass(frozen=True)
+class WokeUp:
+    """Answer to :class:`Wait`: the time came or the stored state changed."""
+
+    now: Now
+
+
+@dataclass(frozen=True)
+class IoFailed:
+    """The pending read, write or wait could not be carried out (store unreachable, or a
+    write whose outcome is unknown). The operation fails; the local view is kept."""
+
+    reason: str
+    now: Now
+
+
+Event = StartOp | ReadResult | CasResult | WokeUp | IoFailed
+
+
+# -- requests (outputs) -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Read:
+    """Read ``key`` atomically; answer with :class:`ReadResult` (data and token)."""
+
+    key: str
+
+
+@dataclass(frozen=True)
+class CompareAndSet:
+    """Atomically: if ``key``'s current token equals ``token`` (or ``token`` is None and
+    the key is absent), store ``data``. Either way answer with :class:`CasResult` holding
+    the bytes and token stored *afterwards* and whether this write happened. If the
+    outcome cannot be known, answer with :class:`IoFailed`; never retry the write blindly.
+    """
+
+    key: str
+    data: bytes
+    token: Token | None
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Sleep until the monotonic clock reaches ``until`` or ``key`` no longer has
+    ``token``, whichever comes first; then answer with :class:`WokeUp`. Waking early
+    is always allowed (the machine re-reads and decides again); waking late is not."""
+
+    key: str
+    token: Token | None
+    until: Millis
+
+
+@dataclass(frozen=True)
+class Done:
+    """The operation finished; the outcome is in the machine's view."""
+
+    op: Op
+
+
+@dataclass(frozen=True)
+class Fail:
+    """The operation ended with an error of ``kind``; raise the matching exception."""
+
+    op: Op
+    kind: FailKind
+    message: str
+
+
+Request = Read | CompareAndSet | Wait | Done | Fail
+
+
+# -- local state --------------------------------------------------------------------------
+class Phase(enum.Enum):
+    """What the machine waits for."""
+
+    IDLE = "idle"
+    """No operation runs; accepts StartOp."""
+    READING = "reading"
+    """A Read is outstanding."""
+    WRITING = "writing"
+    """A CompareAndSet is outstanding."""
+    WAITING = "waiting"
+    """A Wait is outstanding."""
+
+
+@dataclass(frozen=True)
+class Local:
+    """One node's machine state."""
+
+    node: NodeId
+    view: RendezvousState = EMPTY_STATE
+    token: Token | None = None
+    dirty: bool = False
+    synced_at: Millis | None = None
+    """Monotonic time of the last completed read or write; None: the view is not fresh."""
+    phase: Phase = Phase.IDLE
+    op: Op | None = None
+    deadline: Millis = 0
+
+
+@dataclass(frozen=True)
+class Config:
+    """What is fixed for a node: the settings and the protocol variant."""
+
+    settings: Settings
+    variant: Variant = UPSTREAM
+    key: str = STATE_KEY
+
+
+@dataclass(frozen=True)
+class Step:
+    """The outcome of feeding one event: the new local state and the request to serve.
+
+    ``action`` is the action decided during this step (None if the step only issued
+    I/O), ``row`` the index of the table row that chose it, and ``pruned`` the nodes
+    sanitize removed from the view. Interpreters log these; they carry no obligations.
+    """
+
+    local: Local
+    request: Request
+    action: Action | None = None
+    row: int | None = None
+    pruned: tuple[NodeId, ...] = ()
+
+
+class InvalidTransition(Exception):
+    """An event arrived that the machine's phase does not accept (an interpreter bug)."""
+
+    def __init__(self, local: Local, event: Event) -> None:
+        super().__init__(
+            f"node {local.node} in phase {local.phase.value} cannot accept "
+            f"{type(event).__name__}: {event!r}"
+        )
+        self.local = local
+        self.event = event
+
+
+# -- the machine ---------------------------------------------------------------------------
+def step(local: Local, event: Event, config: Config) -> Step:
+    """Feed one event; get the next local state and the request to carry out."""
+    if isinstance(event, StartOp):
+        if local.phase is not Phase.IDLE:
+            raise InvalidTransition(local, event)
+        started = replace(local, op=event.op, deadline=event.deadline)
+        return _sync(started, event.now, config)
+    if isinstance(event, ReadResult):
+        if local.phase is not Phase.READING:
+            raise InvalidTransition(local, event)
+        return _absorb(local, event.data, event.token, event.now, config)
+    if isinstance(event, CasResult):
+        if local.phase is not Phase.WRITING:
+            raise InvalidTransition(local, event)
+        return _absorb(local, event.data, event.token, event.now, config)
+    if isinstance(event, WokeUp):
+        if local.phase is not Phase.WAITING:
+            raise InvalidTransition(local, event)
+        # We waited because nothing could progress: the cached view is not good enough.
+        return _sync(replace(local, synced_at=None), event.now, config)
+    if isinstance(event, IoFailed):
+        if local.phase is Phase.IDLE:
+            raise InvalidTransition(local, event)
+        return _fail(local, FailKind.CONNECTION, event.reason)
+    raise InvalidTransition(local, event)
+
+
+def _op(local: Local) -> Op:
+    assert local.op is not None, "an operation must be running"
+    return local.op
+
+
+def _sync(local: Local, now: Now, config: Config) -> Step:
+    if local.dirty:
+        request = CompareAndSet(config.key, encode(local.view), local.token)
+        return Step(replace(local, phase=Phase.WRITING), request)
+    cache = config.settings.cache_duration
+    if cache and local.synced_at is not None and local.synced_at >= now.mono - cache:
+        return _decide(local, now, config)
+    return Step(replace(local, phase=Phase.READING), Read(config.key))
+
+
+def _absorb(
+    local: Local, data: bytes | None, token: Token | None, now: Now, config: Config
+) -> Step:
+    try:
+        view = EMPTY_STATE if data is None else decode(data)
+    except CorruptState as exc:
+        return _fail(local, FailKind.CORRUPT_STATE, str(exc))
+    cleaned = sanitize(view, config.settings, now.wall)
+    dirty = cleaned.removed_participant and config.variant.prune_marks_dirty
+    fresh = replace(local, view=cleaned.state, token=token, dirty=dirty, synced_at=now.mono)
+    decided = _decide(fresh, now, config)
+    return replace(decided, pruned=cleaned.dead) if cleaned.dead else decided
+
+
+def context(local: Local, now: Now, config: Config) -> Context:
+    """The guard context a node in ``local`` sees at ``now``."""
+    return Context(
+        node=local.node,
+        state=local.view,
+        settings=config.settings,
+        mono_now=now.mono,
+        wall_now=now.wall,
+        op_deadline=local.deadline,
+        rollback_window=config.variant.rollback_window,
+    )
+
+
+def _decide(local: Local, now: Now, config: Config) -> Step:
+    op = _op(local)
+    table = config.variant.table(op)
+    ctx = context(local, now, config)
+    index = table.select(ctx)
+    action = table.rows[index].then
+    if action is Action.FINISH:
+        return Step(replace(local, phase=Phase.IDLE, op=None), Done(op), action, index)
+    if action in ACTION_FAILURES:
+        kind = ACTION_FAILURES[action]
+        failed = _fail(local, kind, _failure_message(op, kind, local))
+        return replace(failed, action=action, row=index)
+    if action is Action.SYNC:
+        until = next_timer(ctx, config)
+        wait = Wait(config.key, local.token, until)
+        return Step(replace(local, phase=Phase.WAITING), wait, action, index)
+    effect = config.variant.effects[action]
+    view = effect(local.view, local.node, config.settings, now.wall)
+    deadline = local.deadline
+    if action is Action.REMOVE_FROM_REDUNDANCY_LIST:
+        # The node gets a whole new join window once it leaves the redundancy list.
+        deadline = now.mono + config.settings.join_timeout
+    changed = replace(local, view=view, dirty=True, deadline=deadline)
+    synced = _sync(changed, now, config)
+    return replace(synced, action=action, row=index)
+
+
+def _fail(local: Local, kind: FailKind, message: str) -> Step:
+    op = _op(local)
+    return Step(replace(local, phase=Phase.IDLE, op=None), Fail(op, kind, message))
+
+
+def _failure_message(op: Op, kind: FailKind, local: Local) -> str:
+    if kind is FailKind.CLOSED:
+        return f"the rendezvous is closed (round {local.view.round}); no new rounds can start"
+    if kind is FailKind.GRACEFUL_EXIT:
+        return f"node {local.node} was redundant when the rendezvous closed; it can exit cleanly"
+    return f"the {op.value} operation of node {local.node} did not finish before its deadline"
+
+
+def next_timer(ctx: Context, config: Config) -> Millis:
+    """The earliest monotonic instant after now at which some guard or sanitize may
+    change its verdict without any write to the store.
+
+    Candidates: the op deadline and the end of the rollback window (monotonic); this
+    node's heartbeat becoming due, the last call ending and any listed node's heartbeat
+    expiring (wall clock, converted with the node's current offset between its clocks).
+    The op deadline plus the rollback window bounds every wait, so no wait is endless.
+    """
+    mono, wall = ctx.mono_now, ctx.wall_now
+    settings = ctx.settings
+    candidates = [ctx.op_deadline + 1, ctx.op_deadline + ctx.rollback_window + 1]
+    walls: list[Millis] = []
+    own = ctx.state.heartbeat_of(ctx.node)
+    if own is not None:
+        walls.append(own + settings.keep_alive_interval)
+    if ctx.state.deadline is not None:
+        walls.append(ctx.state.deadline + 1)
+    walls.extend(beat + settings.heartbeat_expiry + 1 for _, beat in ctx.state.last_heartbeats)
+    candidates.extend(w - wall + mono for w in walls)
+    future = [c for c in candidates if c > mono]
+    return min(future) if future else mono + 1

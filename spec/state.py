@@ -1,0 +1,198 @@
+"""The shared rendezvous state and the identity of a node.
+
+Contract: everything here is an immutable value. Updates build new values; nothing in
+this module reads a clock, performs I/O or keeps hidden caches. Collections are kept in
+canonical (sorted, duplicate-free) order by construction, so two equal states print,
+encode and fingerprint identically whatever order the updates happened in.
+
+Times in the shared state are integers of milliseconds of *wall-clock* time as seen by
+the node that wrote them (heartbeats, the last-call deadline). Comparing such a time
+with another node's clock is exactly what the reference protocol does; the model
+checker shows what that costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+Millis = int
+"""Integer milliseconds. Wall-clock instants, monotonic instants and durations alike."""
+
+
+@dataclass(frozen=True, order=True)
+class NodeId:
+    """One handler instance: host address, process id and a per-process counter.
+
+    Ordered (ranks are positions in the sorted participant set), hashable and printable
+    as ``addr_pid_localid`` like the reference implementation.
+    """
+
+    addr: str
+    pid: int
+    local_id: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.addr}_{self.pid}_{self.local_id}"
+
+
+class _Keep:
+    """Marker type for :data:`KEEP`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+KEEP = _Keep()
+"""Pass as ``deadline=`` to :meth:`RendezvousState.evolve` to keep the current deadline."""
+
+
+def _sorted_unique(nodes: Iterable[NodeId]) -> tuple[NodeId, ...]:
+    return tuple(sorted(set(nodes)))
+
+
+def _sorted_pairs(pairs: Mapping[NodeId, int]) -> tuple[tuple[NodeId, int], ...]:
+    return tuple(sorted(pairs.items()))
+
+
+@dataclass(frozen=True)
+class RendezvousState:
+    """What the store holds for one run: the round and its membership.
+
+    ``participants`` maps each participant to its rank (0 until the round completes);
+    ``last_heartbeats`` maps every listed node to the wall time of its last keep-alive.
+    Both are stored as sorted tuples of pairs; use :meth:`participant_map` and
+    :meth:`heartbeat_map` for lookups and :meth:`build` to construct from mappings.
+    """
+
+    round: int = 0
+    complete: bool = False
+    closed: bool = False
+    deadline: Millis | None = None
+    """Wall-clock end of the last call; set when participants reach min_nodes."""
+    participants: tuple[tuple[NodeId, int], ...] = ()
+    wait_list: tuple[NodeId, ...] = ()
+    redundancy_list: tuple[NodeId, ...] = ()
+    last_heartbeats: tuple[tuple[NodeId, Millis], ...] = ()
+    _participant_map: dict[NodeId, int] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
+    _heartbeat_map: dict[NodeId, int] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
+
+    def __post_init__(self) -> None:
+        # Lookup tables are derived caches, never part of identity or equality.
+        object.__setattr__(self, "_participant_map", dict(self.participants))
+        object.__setattr__(self, "_heartbeat_map", dict(self.last_heartbeats))
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        round: int = 0,
+        complete: bool = False,
+        closed: bool = False,
+        deadline: Millis | None = None,
+        participants: Mapping[NodeId, int] | None = None,
+        wait_list: Iterable[NodeId] = (),
+        redundancy_list: Iterable[NodeId] = (),
+        last_heartbeats: Mapping[NodeId, Millis] | None = None,
+    ) -> RendezvousState:
+        """Construct a state from plain mappings and iterables, canonically ordered."""
+        return cls(
+            round=round,
+            complete=complete,
+            closed=closed,
+            deadline=deadline,
+            participants=_sorted_pairs(participants or {}),
+            wait_list=_sorted_unique(wait_list),
+            redundancy_list=_sorted_unique(redundancy_list),
+            last_heartbeats=_sorted_pairs(last_heartbeats or {}),
+        )
+
+    def evolve(
+        self,
+        *,
+        round: int | None = None,
+        complete: bool | None = None,
+        closed: bool | None = None,
+        deadline: Millis | _Keep | None = KEEP,
+        participants: Mapping[NodeId, int] | None = None,
+        wait_list: Iterable[NodeId] | None = None,
+        redundancy_list: Iterable[NodeId] | None = None,
+        last_heartbeats: Mapping[NodeId, Millis] | None = None,
+    ) -> RendezvousState:
+        """A copy with some fields replaced (``deadline=KEEP`` leaves it as it is)."""
+        return RendezvousState(
+            round=self.round if round is None else round,
+            complete=self.complete if complete is None else complete,
+            closed=self.closed if closed is None else closed,
+            deadline=self.deadline if isinstance(deadline, _Keep) else deadline,
+            participants=(
+                self.participants if participants is None else _sorted_pairs(participants)
+            ),
+            wait_list=self.wait_list if wait_list is None else _sorted_unique(wait_list),
+            redundancy_list=(
+                self.redundancy_list if redundancy_list is None else _sorted_unique(redundancy_list)
+            ),
+            last_heartbeats=(
+                self.last_heartbeats if last_heartbeats is None else _sorted_pairs(last_heartbeats)
+            ),
+        )
+
+    # -- lookups -------------------------------------------------------------------
+    def participant_map(self) -> dict[NodeId, int]:
+        """A fresh dict node -> rank."""
+        return dict(self._participant_map)
+
+    def heartbeat_map(self) -> dict[NodeId, Millis]:
+        """A fresh dict node -> wall time of its last heartbeat."""
+        return dict(self._heartbeat_map)
+
+    def is_participant(self, node: NodeId) -> bool:
+        return node in self._participant_map
+
+    def rank_of(self, node: NodeId) -> int | None:
+        return self._participant_map.get(node)
+
+    def heartbeat_of(self, node: NodeId) -> Millis | None:
+        return self._heartbeat_map.get(node)
+
+    def is_waiting(self, node: NodeId) -> bool:
+        return node in self.wait_list
+
+    def is_redundant(self, node: NodeId) -> bool:
+        return node in self.redundancy_list
+
+    @property
+    def num_participants(self) -> int:
+        return len(self.participants)
+
+    def participant_nodes(self) -> tuple[NodeId, ...]:
+        """Participants in sorted order (the order ranks are assigned in)."""
+        return tuple(node for node, _ in self.participants)
+
+    def describe(self) -> str:
+        """A one-line human-readable summary (used in traces and error messages)."""
+        parts = ", ".join(f"{n}:{r}" for n, r in self.participants)
+        waits = ", ".join(str(n) for n in self.wait_list)
+        reds = ", ".join(str(n) for n in self.redundancy_list)
+        beats = ", ".join(f"{n}@{t}" for n, t in self.last_heartbeats)
+        flags = [f"round={self.round}"]
+        if self.complete:
+            flags.append("complete")
+        if self.closed:
+            flags.append("closed")
+        if self.deadline is not None:
+            flags.append(f"last_call_until={self.deadline}")
+        return (
+            f"{' '.join(flags)} participants=[{parts}] wait=[{waits}] "
+            f"redundant=[{reds}] heartbeats=[{beats}]"
+        )
+
+
+EMPTY_STATE = RendezvousState()
+"""The state of a run nobody has written yet."""

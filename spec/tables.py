@@ -1,0 +1,296 @@
+"""The decision tables: every rule of the protocol lives here.
+
+Theory of operation. A node runs one *operation* at a time (exit, join, close,
+keep-alive, query). Each time its view of the shared state changes, it looks the
+situation up in the operation's table: the rows are read top to bottom and the first row
+whose guard holds gives the *action* (mutate the state, wait, finish or fail). A guard is
+a conjunction of *literals*: named atomic predicates over the context, each possibly
+negated. The tables are closed-world: a situation no row covers is an error
+(:class:`NoRowMatches`), never a silent default, and every table here ends in a row that
+always matches.
+
+Rules of this module:
+- it never reads a clock: ``mono_now`` and ``wall_now`` arrive in the :class:`Context`;
+- no rule is hidden in code: the atoms are one-line predicates, the row order is the
+  decision order, and tools (diagrams, z3, tests) read the same rows the node executes.
+
+The ``UPSTREAM_*`` tables reproduce PyTorch's dynamic rendezvous decisions (the
+reference port in ``shared/seed``): its if/else chains, flattened row by row.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from spec.settings import Settings
+from spec.state import Millis, NodeId, RendezvousState
+from spec.vocabulary import Action, Op
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything a guard may look at."""
+
+    node: NodeId
+    state: RendezvousState
+    settings: Settings
+    mono_now: Millis
+    """The node's monotonic clock (op deadlines are on this clock)."""
+    wall_now: Millis
+    """The node's wall clock (heartbeats and the last-call deadline are on this clock)."""
+    op_deadline: Millis
+    """Monotonic instant after which the running operation has timed out."""
+    rollback_window: Millis
+    """After the op deadline, how long a joining node may still undo its membership."""
+
+
+class Atom(enum.Enum):
+    """A named atomic predicate over a :class:`Context`."""
+
+    CLOSED = "closed"
+    COMPLETE = "complete"
+    PARTICIPANT = "participant"
+    WAITING = "waiting"
+    REDUNDANT = "redundant"
+    AT_MAX = "at_max"
+    BELOW_MAX = "below_max"
+    SIZE_IN_RANGE = "size_in_range"
+    LAST_CALL_OVER = "last_call_over"
+    PAST_DEADLINE = "past_deadline"
+    IN_ROLLBACK_WINDOW = "in_rollback_window"
+    HEARTBEAT_DUE = "heartbeat_due"
+
+    def __invert__(self) -> Literal:
+        return Literal(self, False)
+
+    @property
+    def doc(self) -> str:
+        """The predicate's meaning, for diagrams and docs."""
+        return ATOM_DOCS[self]
+
+    def holds(self, ctx: Context) -> bool:
+        return ATOM_PREDICATES[self](ctx)
+
+
+def _heartbeat_due(ctx: Context) -> bool:
+    beat = ctx.state.heartbeat_of(ctx.node)
+    return beat is not None and beat <= ctx.wall_now - ctx.settings.keep_alive_interval
+
+
+def _last_call_over(ctx: Context) -> bool:
+    deadline = ctx.state.deadline
+    return deadline is not None and deadline < ctx.wall_now
+
+
+ATOM_PREDICATES: dict[Atom, Callable[[Context], bool]] = {
+    Atom.CLOSED: lambda c: c.state.closed,
+    Atom.COMPLETE: lambda c: c.state.complete,
+    Atom.PARTICIPANT: lambda c: c.state.is_participant(c.node),
+    Atom.WAITING: lambda c: c.state.is_waiting(c.node),
+    Atom.REDUNDANT: lambda c: c.state.is_redundant(c.node),
+    Atom.AT_MAX: lambda c: c.state.num_participants == c.settings.max_nodes,
+    Atom.BELOW_MAX: lambda c: c.state.num_participants < c.settings.max_nodes,
+    Atom.SIZE_IN_RANGE: lambda c: (
+        c.settings.min_nodes <= c.state.num_participants <= c.settings.max_nodes
+    ),
+    Atom.LAST_CALL_OVER: _last_call_over,
+    Atom.PAST_DEADLINE: lambda c: c.mono_now > c.op_deadline,
+    Atom.IN_ROLLBACK_WINDOW: lambda c: c.mono_now <= c.op_deadline + c.rollback_window,
+    Atom.HEARTBEAT_DUE: _heartbeat_due,
+}
+
+ATOM_DOCS: dict[Atom, str] = {
+    Atom.CLOSED: "the rendezvous is closed",
+    Atom.COMPLETE: "the current round is complete",
+    Atom.PARTICIPANT: "this node is a participant of the current round",
+    Atom.WAITING: "this node is on the wait list",
+    Atom.REDUNDANT: "this node is on the redundancy list",
+    Atom.AT_MAX: "participants == max_nodes",
+    Atom.BELOW_MAX: "participants < max_nodes",
+    Atom.SIZE_IN_RANGE: "min_nodes <= participants <= max_nodes",
+    Atom.LAST_CALL_OVER: "a last-call deadline is set and is earlier than this node's wall clock",
+    Atom.PAST_DEADLINE: "this node's monotonic clock is past the operation's deadline",
+    Atom.IN_ROLLBACK_WINDOW: "monotonic clock <= operation deadline + rollback window",
+    Atom.HEARTBEAT_DUE: ("this node has a heartbeat and it is at least keep_alive_interval old"),
+}
+
+
+@dataclass(frozen=True)
+class Literal:
+    """An atom or its negation."""
+
+    atom: Atom
+    positive: bool = True
+
+    def holds(self, ctx: Context) -> bool:
+        return self.atom.holds(ctx) is self.positive
+
+    def __str__(self) -> str:
+        return self.atom.value if self.positive else f"not {self.atom.value}"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One rule: when every literal holds (and no earlier row matched), do ``then``."""
+
+    when: tuple[Literal, ...]
+    then: Action
+    why: str = ""
+
+    def matches(self, ctx: Context) -> bool:
+        return all(lit.holds(ctx) for lit in self.when)
+
+    def guard_text(self) -> str:
+        return " and ".join(str(lit) for lit in self.when) or "otherwise"
+
+
+def row(*when: Atom | Literal, then: Action, why: str = "") -> Row:
+    """Build a row; bare atoms are positive literals."""
+    lits = tuple(w if isinstance(w, Literal) else Literal(w) for w in when)
+    return Row(lits, then, why)
+
+
+class NoRowMatches(Exception):
+    """A table has no row for a context: the table is not total (a specification bug)."""
+
+    def __init__(self, op: Op, ctx: Context) -> None:
+        super().__init__(f"no row of the {op.value} table matches: {ctx.state.describe()}")
+        self.op = op
+        self.ctx = ctx
+
+
+@dataclass(frozen=True)
+class Table:
+    """An ordered, first-match-wins decision table for one operation."""
+
+    op: Op
+    rows: tuple[Row, ...]
+
+    def select(self, ctx: Context) -> int:
+        """Index of the first row whose guard holds."""
+        for index, candidate in enumerate(self.rows):
+            if candidate.matches(ctx):
+                return index
+        raise NoRowMatches(self.op, ctx)
+
+    def decide(self, ctx: Context) -> Action:
+        return self.rows[self.select(ctx)].then
+
+
+# ---------------------------------------------------------------------------------------
+# The reference protocol (PyTorch 2.13's dynamic rendezvous).
+# ---------------------------------------------------------------------------------------
+A = Atom
+UPSTREAM_EXIT = Table(
+    Op.EXIT,
+    (
+        row(~A.PARTICIPANT, then=Action.FINISH, why="nothing to leave"),
+        row(~A.PAST_DEADLINE, then=Action.REMOVE_FROM_PARTICIPANTS, why="leave the round"),
+        row(then=Action.ERROR_TIMEOUT, why="could not leave before the deadline"),
+    ),
+)
+
+UPSTREAM_JOIN = Table(
+    Op.JOIN,
+    (
+        # A closed rendezvous: redundant nodes leave quietly, everybody else is told.
+        row(
+            A.CLOSED,
+            A.REDUNDANT,
+            then=Action.ERROR_GRACEFUL_EXIT,
+            why="the job ended while this node was surplus",
+        ),
+        row(A.CLOSED, then=Action.ERROR_CLOSED, why="no new rounds after a close"),
+        # A surplus node waits while the round is full, and retries once it is not.
+        row(
+            A.REDUNDANT,
+            A.AT_MAX,
+            A.HEARTBEAT_DUE,
+            then=Action.KEEP_ALIVE,
+            why="stay alive while waiting for room",
+        ),
+        row(A.REDUNDANT, A.AT_MAX, then=Action.SYNC, why="the round is still full"),
+        row(
+            A.REDUNDANT,
+            then=Action.REMOVE_FROM_REDUNDANCY_LIST,
+            why="room freed up: retry with a fresh join deadline",
+        ),
+        # Success.
+        row(A.COMPLETE, A.PARTICIPANT, then=Action.FINISH, why="the round completed with us"),
+        # Past the join deadline: undo membership within the rollback window, then fail.
+        row(
+            A.PAST_DEADLINE,
+            A.IN_ROLLBACK_WINDOW,
+            A.PARTICIPANT,
+            then=Action.REMOVE_FROM_PARTICIPANTS,
+            why="withdraw before giving up",
+        ),
+        row(
+            A.PAST_DEADLINE,
+            A.IN_ROLLBACK_WINDOW,
+            A.WAITING,
+            then=Action.REMOVE_FROM_WAIT_LIST,
+            why="withdraw before giving up",
+        ),
+        row(A.PAST_DEADLINE, then=Action.ERROR_TIMEOUT, why="the join deadline passed"),
+        # A complete round without us: wait for the next one, or stand by if it is full.
+        row(
+            A.COMPLETE,
+            A.BELOW_MAX,
+            ~A.WAITING,
+            then=Action.ADD_TO_WAIT_LIST,
+            why="late: queue for the next round",
+        ),
+        row(
+            A.COMPLETE,
+            ~A.BELOW_MAX,
+            ~A.WAITING,
+            then=Action.ADD_TO_REDUNDANCY_LIST,
+            why="late and the round is full: stand by",
+        ),
+        # An open round: join it, and complete it once the last call is over.
+        row(
+            ~A.COMPLETE,
+            A.PARTICIPANT,
+            A.SIZE_IN_RANGE,
+            A.LAST_CALL_OVER,
+            then=Action.MARK_RENDEZVOUS_COMPLETE,
+            why="last call over with enough nodes",
+        ),
+        row(
+            ~A.COMPLETE,
+            ~A.PARTICIPANT,
+            then=Action.ADD_TO_PARTICIPANTS,
+            why="the round is open: join it",
+        ),
+        # Otherwise wait, keeping our heartbeat fresh.
+        row(A.HEARTBEAT_DUE, then=Action.KEEP_ALIVE, why="heartbeat due while waiting"),
+        row(then=Action.SYNC, why="wait for the state to change"),
+    ),
+)
+
+UPSTREAM_CLOSE = Table(
+    Op.CLOSE,
+    (
+        row(A.CLOSED, then=Action.FINISH, why="already closed"),
+        row(A.PAST_DEADLINE, then=Action.ERROR_TIMEOUT, why="could not close in time"),
+        row(then=Action.MARK_RENDEZVOUS_CLOSED, why="close it"),
+    ),
+)
+
+UPSTREAM_KEEP_ALIVE = Table(
+    Op.KEEP_ALIVE,
+    (
+        row(~A.HEARTBEAT_DUE, then=Action.FINISH, why="heartbeat fresh (or not a member)"),
+        row(~A.PAST_DEADLINE, then=Action.KEEP_ALIVE, why="refresh the heartbeat"),
+        row(then=Action.ERROR_TIMEOUT, why="could not refresh in time"),
+    ),
+)
+
+QUERY = Table(
+    Op.QUERY,
+    (row(then=Action.FINISH, why="the view is up to date"),),
+)
+del A

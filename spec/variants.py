@@ -1,0 +1,175 @@
+"""Protocol variants: a variant is the tables, the effects and a few switches.
+
+A new variant is a small, named diff of an existing one (:meth:`Variant.derive`): replace
+a row, swap an effect, flip a switch. Every consumer (the node machine, the model checker,
+the real handler, the diagrams) takes a variant, so a variant is one value, never a
+second implementation.
+
+Switches:
+
+``prune_marks_dirty``
+    Whether pruning a dead *participant* during sanitize makes the node write the pruned
+    state back on its next sync even if its own action does not mutate anything. The
+    reference port does (the seed sets its dirty flag); PyTorch 2.13's module does not
+    (the pruned copy is only written along with the node's next mutation). ``upstream``
+    follows the seed; ``torch-2.13`` flips it. Pruning wait-list or redundant nodes
+    alone never marks the state dirty in either.
+
+``rollback_window``
+    How long after its join deadline a node may still withdraw from the participants
+    or the wait list before it reports the timeout (5 s in the reference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from spec.effects import UPSTREAM_EFFECTS, Effect
+from spec.settings import SECOND
+from spec.state import Millis
+from spec.tables import (
+    QUERY,
+    UPSTREAM_CLOSE,
+    UPSTREAM_EXIT,
+    UPSTREAM_JOIN,
+    UPSTREAM_KEEP_ALIVE,
+    Row,
+    Table,
+)
+from spec.vocabulary import Action, Op
+
+
+@dataclass(frozen=True, eq=False)
+class Variant:
+    """One complete protocol: its tables, effects and switches."""
+
+    name: str
+    description: str
+    tables: Mapping[Op, Table]
+    effects: Mapping[Action, Effect]
+    prune_marks_dirty: bool = True
+    rollback_window: Millis = 5 * SECOND
+    parent: str | None = None
+    changes: tuple[str, ...] = field(default=())
+    """Human-readable list of what differs from ``parent``."""
+
+    def __post_init__(self) -> None:
+        missing = [op.value for op in Op if op not in self.tables]
+        if missing:
+            raise ValueError(f"variant {self.name!r} has no table for {missing}")
+        for op, table in self.tables.items():
+            if table.op is not op:
+                raise ValueError(f"variant {self.name!r}: table for {op} is for {table.op}")
+            for r in table.rows:
+                if r.then.mutates and r.then not in self.effects:
+                    raise ValueError(f"variant {self.name!r}: action {r.then.value} has no effect")
+
+    def table(self, op: Op) -> Table:
+        return self.tables[op]
+
+    def derive(
+        self,
+        name: str,
+        *,
+        description: str,
+        rows: Mapping[tuple[Op, int], Row | None] | None = None,
+        insert: Mapping[tuple[Op, int], Row] | None = None,
+        effects: Mapping[Action, Effect] | None = None,
+        prune_marks_dirty: bool | None = None,
+        rollback_window: Millis | None = None,
+    ) -> Variant:
+        """A new variant that differs from this one only as listed.
+
+        ``rows`` replaces the row at (op, index) (``None`` deletes it); ``insert`` puts a
+        row before (op, index); indices refer to this variant's tables.
+        """
+        changes: list[str] = []
+        tables = dict(self.tables)
+        touched = {op for op, _ in (rows or {})} | {op for op, _ in (insert or {})}
+        for op in sorted(touched, key=lambda o: o.value):
+            old = list(tables[op].rows)
+            new: list[Row] = []
+            for index, current in enumerate(old):
+                if (op, index) in (insert or {}):
+                    added = (insert or {})[(op, index)]
+                    new.append(added)
+                    changes.append(f"{op.value}: insert before row {index}: {_fmt(added)}")
+                replacement = (rows or {}).get((op, index), current)
+                if (op, index) in (rows or {}):
+                    if replacement is None:
+                        changes.append(f"{op.value}: delete row {index}: {_fmt(current)}")
+                        continue
+                    changes.append(
+                        f"{op.value}: row {index}: {_fmt(current)} -> {_fmt(replacement)}"
+                    )
+                assert replacement is not None
+                new.append(replacement)
+            if (op, len(old)) in (insert or {}):
+                added = (insert or {})[(op, len(old))]
+                new.append(added)
+                changes.append(f"{op.value}: append {_fmt(added)}")
+            tables[op] = Table(op, tuple(new))
+        new_effects = dict(self.effects)
+        for action, effect in sorted((effects or {}).items(), key=lambda kv: kv[0].value):
+            new_effects[action] = effect
+            changes.append(f"effect of {action.value}: {effect.__name__}")
+        if prune_marks_dirty is not None and prune_marks_dirty != self.prune_marks_dirty:
+            changes.append(f"prune_marks_dirty: {self.prune_marks_dirty} -> {prune_marks_dirty}")
+        if rollback_window is not None and rollback_window != self.rollback_window:
+            changes.append(f"rollback_window: {self.rollback_window} -> {rollback_window} ms")
+        return Variant(
+            name=name,
+            description=description,
+            tables=MappingProxyType(tables),
+            effects=MappingProxyType(new_effects),
+            prune_marks_dirty=(
+                self.prune_marks_dirty if prune_marks_dirty is None else prune_marks_dirty
+            ),
+            rollback_window=self.rollback_window if rollback_window is None else rollback_window,
+            parent=self.name,
+            changes=tuple(changes),
+        )
+
+
+def _fmt(r: Row) -> str:
+    return f"[{r.guard_text()} -> {r.then.value}]"
+
+
+UPSTREAM = Variant(
+    name="upstream",
+    description="Faithful to PyTorch 2.13's dynamic rendezvous (the reference port).",
+    tables=MappingProxyType(
+        {
+            Op.EXIT: UPSTREAM_EXIT,
+            Op.JOIN: UPSTREAM_JOIN,
+            Op.CLOSE: UPSTREAM_CLOSE,
+            Op.KEEP_ALIVE: UPSTREAM_KEEP_ALIVE,
+            Op.QUERY: QUERY,
+        }
+    ),
+    effects=UPSTREAM_EFFECTS,
+    prune_marks_dirty=True,
+)
+
+TORCH_213 = UPSTREAM.derive(
+    "torch-2.13",
+    description=(
+        "As upstream, but pruning a dead participant does not by itself write the state "
+        "back (PyTorch 2.13's sanitize leaves its dirty flag alone)."
+    ),
+    prune_marks_dirty=False,
+)
+
+VARIANTS: Mapping[str, Variant] = MappingProxyType({v.name: v for v in (UPSTREAM, TORCH_213)})
+"""Every named variant, by name."""
+
+
+def get_variant(name: str) -> Variant:
+    """The variant called ``name``; a ``ValueError`` lists the known names otherwise."""
+    try:
+        return VARIANTS[name]
+    except KeyError:
+        known = ", ".join(sorted(VARIANTS))
+        raise ValueError(f"unknown protocol variant {name!r}; choose one of: {known}") from None

@@ -1,0 +1,78 @@
+"""The protocol's vocabulary: operations, actions and outcomes."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Op(enum.Enum):
+    """An operation a node runs to completion against the shared state."""
+
+    EXIT = "exit"
+    """Leave the round this node participates in (first half of next_rendezvous)."""
+    JOIN = "join"
+    """Join the next round and wait until it completes (second half of next_rendezvous)."""
+    CLOSE = "close"
+    """Mark the rendezvous closed for everybody (set_closed, shutdown)."""
+    KEEP_ALIVE = "keep_alive"
+    """Refresh this node's heartbeat if it is due (the heartbeat timer)."""
+    QUERY = "query"
+    """Bring the local view up to date and stop (is_closed, num_nodes_waiting)."""
+
+
+class Action(enum.Enum):
+    """What a decision table row tells the node to do next."""
+
+    KEEP_ALIVE = "keep_alive"
+    ADD_TO_PARTICIPANTS = "add_to_participants"
+    ADD_TO_WAIT_LIST = "add_to_wait_list"
+    ADD_TO_REDUNDANCY_LIST = "add_to_redundancy_list"
+    REMOVE_FROM_PARTICIPANTS = "remove_from_participants"
+    REMOVE_FROM_WAIT_LIST = "remove_from_wait_list"
+    REMOVE_FROM_REDUNDANCY_LIST = "remove_from_redundancy_list"
+    MARK_RENDEZVOUS_COMPLETE = "mark_rendezvous_complete"
+    MARK_RENDEZVOUS_CLOSED = "mark_rendezvous_closed"
+    SYNC = "sync"
+    """Nothing to do yet: wait for the state to change or a timer to fire."""
+    ERROR_CLOSED = "error_closed"
+    ERROR_TIMEOUT = "error_timeout"
+    ERROR_GRACEFUL_EXIT = "error_graceful_exit"
+    FINISH = "finish"
+
+    @property
+    def mutates(self) -> bool:
+        """True for actions that change the shared state (and so need a write)."""
+        return self not in _NON_MUTATING
+
+
+_NON_MUTATING = frozenset(
+    {
+        Action.SYNC,
+        Action.ERROR_CLOSED,
+        Action.ERROR_TIMEOUT,
+        Action.ERROR_GRACEFUL_EXIT,
+        Action.FINISH,
+    }
+)
+
+
+class FailKind(enum.Enum):
+    """Why an operation ended without finishing."""
+
+    CLOSED = "closed"
+    """The rendezvous is closed (RendezvousClosedError)."""
+    TIMEOUT = "timeout"
+    """The operation's deadline passed (RendezvousTimeoutError)."""
+    GRACEFUL_EXIT = "graceful_exit"
+    """A redundant node found the rendezvous closed (RendezvousGracefulExitError)."""
+    CORRUPT_STATE = "corrupt_state"
+    """The store holds bytes that are not a valid state (RendezvousStateError)."""
+    CONNECTION = "connection"
+    """The store could not be reached or the outcome of a write is unknown."""
+
+
+ACTION_FAILURES: dict[Action, FailKind] = {
+    Action.ERROR_CLOSED: FailKind.CLOSED,
+    Action.ERROR_TIMEOUT: FailKind.TIMEOUT,
+    Action.ERROR_GRACEFUL_EXIT: FailKind.GRACEFUL_EXIT,
+}
