@@ -1,0 +1,1343 @@
+"""z3 proofs over the decision tables, for any number of nodes.
+
+``python -m model_check prove`` (or ``python -m model_check.prove``) checks, for every
+protocol variant and every operation table:
+
+- **totality**: in every context some row applies (no :class:`~spec.tables.NoRowMatches`);
+- **exclusivity under first-match order**: the selection conditions ``guard_i and not
+  guard_j for every j < i`` are pairwise disjoint, so exactly one row is selected;
+- **no dead row**: each row is selected in some context whose state satisfies the
+  invariants;
+- **inductive invariants**: for each row whose action mutates the state, if the state
+  invariants hold and the row is the one selected, the invariants hold after the action's
+  effect and the step invariants hold of (before, after); the same for ``sanitize``; and
+  the empty state satisfies the state invariants (the base case).
+
+How the model works (see ``docs/proofs.md`` for the long version):
+
+- Nodes are an *uninterpreted sort*: no bound on their number. Participants, the wait list,
+  the redundancy list and the heartbeat domain are arrays ``Node -> Bool`` (sets);
+  heartbeats and ranks are arrays ``Node -> Int``. The order of node ids is an
+  uninterpreted strict total order.
+- ``len(participants)`` is an integer ``n`` tied to the set by sound cardinality facts
+  (:meth:`World.card_facts`): ``n >= 0``, a member implies ``n >= 1``, ``n >= 1`` implies
+  a member, ``n == 1`` implies at most one member. Effects update ``n`` as the Python code
+  updates the set (adding a non-member adds one, ...), and sanitize removes a subset whose
+  size is a fresh integer with the facts a subset's size obeys.
+- Ranks assigned at completion are "positions in sorted order": a fresh array ``pos``
+  with ``0 <= pos[x] < n`` on members and ``x < y -> pos[x] < pos[y]``, which is exactly
+  what the sorted position satisfies.
+- Settings and clocks are symbolic integers constrained as :class:`~spec.settings.Settings`
+  validates them; the rollback window is the variant's.
+- Each atom of :mod:`spec.tables` is a formula over that state (e.g. ``at_max`` is
+  ``n == max_nodes``), so the relations between atoms (``at_max`` excludes ``below_max``,
+  not ``past_deadline`` implies ``in_rollback_window``) follow from arithmetic instead of
+  being asserted.
+
+The symbolic effects (:data:`SYMBOLIC_EFFECTS`), atoms and invariants are written by
+hand next to their Python originals. ``tests/test_prove.py`` evaluates each of them on
+small concrete states in :class:`World` 's finite mode and compares with the Python
+definitions in ``spec/`` so the model cannot drift silently. A variant whose effect has no
+symbolic model fails to prove (it is reported, never skipped).
+
+The invariants proven are every named invariant of :mod:`spec.invariants` plus one
+auxiliary lemma, ``open_round_below_max`` (an open round has fewer than ``max_nodes``
+participants, because reaching ``max_nodes`` completes the round). Without it
+``participants_within_max`` is true but not inductive: the join table adds a node to an
+open round whatever its size. The lemma is itself proven inductive with the rest.
+
+z3 is an optional dependency (the ``prove`` extra), imported when the proofs run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from spec import effects as E
+from spec.invariants import STATE_INVARIANTS, STEP_INVARIANTS, check_state, check_step
+from spec.settings import Settings, SettingsError
+from spec.state import NodeId, RendezvousState
+from spec.tables import Atom, Context, Table
+from spec.variants import VARIANTS, Variant
+from spec.vocabulary import Op
+
+Z = Any
+"""A z3 expression (z3 ships no type stubs)."""
+
+DEFAULT_TIMEOUT_MS = 60_000
+"""Bound on one solver call; a call that runs out reports ``unknown`` (which fails)."""
+
+AUX_INVARIANT = "open_round_below_max"
+AUX_DOC = "an open round has fewer than max_nodes participants (reaching max completes it)"
+
+
+def load_z3() -> Any:
+    """Import z3, or explain how to install it."""
+    try:
+        import z3
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise SystemExit(
+            "the proofs need z3: install it with `python3 -m pip install -e '.[prove]'` "
+            f"(or `python3 -m pip install z3-solver`) ({exc})"
+        ) from None
+    return z3
+
+
+# ---------------------------------------------------------------------------------------
+# The symbolic world: nodes, their order, cardinalities
+# ---------------------------------------------------------------------------------------
+class World:
+    """The node sort and the helpers effects need.
+
+    Proof mode (``nodes is None``): nodes are an uninterpreted sort, quantifiers range
+    over all of it. Finite mode (``nodes`` given): exactly those nodes exist, in that
+    (sorted) order; quantifiers expand to conjunctions and cardinalities are exact sums.
+    Finite mode is how the tests compare the model with the Python code.
+
+    Effects add the facts they rely on to :attr:`side` (fresh choices with their
+    defining constraints); obligations assume them.
+    """
+
+    def __init__(self, z3: Any, nodes: Sequence[NodeId] | None = None) -> None:
+        self.z3 = z3
+        self.Node = z3.DeclareSort("Node")
+        self.lt = z3.Function("lt", self.Node, self.Node, z3.BoolSort())
+        self.side: list[Z] = []
+        self.axioms: list[Z] = []
+        self._fresh = 0
+        self.finite = nodes is not None
+        self.ids: tuple[NodeId, ...] = tuple(nodes or ())
+        self.consts: tuple[Z, ...] = tuple(
+            z3.Const(f"node{i}", self.Node) for i in range(len(self.ids))
+        )
+        if self.finite:
+            if list(self.ids) != sorted(set(self.ids)):
+                raise ValueError("finite-mode nodes must be sorted and distinct")
+            if len(self.consts) > 1:
+                self.axioms.append(z3.Distinct(*self.consts))
+            for (i, a), (j, b) in itertools.product(enumerate(self.consts), repeat=2):
+                self.axioms.append(self.lt(a, b) == z3.BoolVal(i < j))
+        else:
+            self.axioms.append(self.forall(lambda x: z3.Not(self.lt(x, x))))
+            self.axioms.append(
+                self.forall3(
+                    lambda x, y, w: z3.Implies(z3.And(self.lt(x, y), self.lt(y, w)), self.lt(x, w))
+                )
+            )
+            self.axioms.append(
+                self.forall2(lambda x, y: z3.Or(x == y, self.lt(x, y), self.lt(y, x)))
+            )
+
+    # -- naming and quantifiers ------------------------------------------------------
+    def fresh(self, name: str, sort: Z) -> Z:
+        self._fresh += 1
+        return self.z3.Const(f"{name}!{self._fresh}", sort)
+
+    def node_array(self, name: str, value_sort: Z) -> Z:
+        return self.fresh(name, self.z3.ArraySort(self.Node, value_sort))
+
+    def forall(self, body: Callable[[Z], Z]) -> Z:
+        if self.finite:
+            return self.z3.And(*[body(c) for c in self.consts]) if self.consts else True
+        x = self.fresh("x", self.Node)
+        return self.z3.ForAll([x], body(x))
+
+    def forall2(self, body: Callable[[Z, Z], Z]) -> Z:
+        if self.finite:
+            terms = [body(a, b) for a, b in itertools.product(self.consts, repeat=2)]
+            return self.z3.And(*terms) if terms else True
+        x, y = self.fresh("x", self.Node), self.fresh("y", self.Node)
+        return self.z3.ForAll([x, y], body(x, y))
+
+    def forall3(self, body: Callable[[Z, Z, Z], Z]) -> Z:
+        if self.finite:
+            terms = [body(a, b, c) for a, b, c in itertools.product(self.consts, repeat=3)]
+            return self.z3.And(*terms) if terms else True
+        x, y, w = (self.fresh(n, self.Node) for n in "xyw")
+        return self.z3.ForAll([x, y, w], body(x, y, w))
+
+    def set_of(self, body: Callable[[Z], Z]) -> Z:
+        """The set ``{x | body(x)}`` as an array."""
+        x = self.fresh("x", self.Node)
+        return self.z3.Lambda([x], body(x))
+
+    # -- cardinality -----------------------------------------------------------------
+    def card_facts(self, members: Z, n: Z) -> list[Z]:
+        """Facts every finite set and its size obey (``n == len(members)``)."""
+        z3 = self.z3
+        if self.finite:
+            return [n == self._sum(members)]
+        witness = self.fresh("member", self.Node)
+        return [
+            n >= 0,
+            self.forall(lambda x: z3.Implies(members[x], n >= 1)),
+            z3.Implies(n >= 1, members[witness]),
+            z3.Implies(
+                n == 1,
+                self.forall2(lambda x, y: z3.Implies(z3.And(members[x], members[y]), x == y)),
+            ),
+        ]
+
+    def subset_size(self, subset: Z, superset: Z, n_superset: Z) -> Z:
+        """``len(subset)`` for ``subset <= superset`` of size ``n_superset``."""
+        z3 = self.z3
+        if self.finite:
+            return self._sum(subset)
+        k = self.fresh("removed", z3.IntSort())
+        outside = self.fresh("kept", self.Node)
+        self.side += [
+            k >= 0,
+            k <= n_superset,
+            self.forall(lambda x: z3.Implies(subset[x], k >= 1)),
+            z3.Implies(k < n_superset, z3.And(superset[outside], z3.Not(subset[outside]))),
+        ]
+        self.side += self.card_facts(subset, k)
+        return k
+
+    def _sum(self, members: Z) -> Z:
+        z3 = self.z3
+        return z3.Sum(*[z3.If(members[c], 1, 0) for c in self.consts]) if self.consts else 0
+
+    def positions(self, members: Z, n: Z) -> Z:
+        """Each member's position in sorted order (0-based), as a fresh array."""
+        z3 = self.z3
+        pos = self.node_array("pos", z3.IntSort())
+        self.side.append(
+            self.forall(lambda x: z3.Implies(members[x], z3.And(pos[x] >= 0, pos[x] < n)))
+        )
+        self.side.append(
+            self.forall2(
+                lambda x, y: z3.Implies(
+                    z3.And(members[x], members[y], self.lt(x, y)), pos[x] < pos[y]
+                )
+            )
+        )
+        return pos
+
+
+# ---------------------------------------------------------------------------------------
+# Symbolic states, settings and contexts
+# ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SymState:
+    """A :class:`~spec.state.RendezvousState` over symbolic sets."""
+
+    round: Z
+    complete: Z
+    closed: Z
+    has_deadline: Z
+    deadline: Z
+    participants: Z
+    """Node -> Bool."""
+    n_participants: Z
+    """len(participants)."""
+    ranks: Z
+    """Node -> Int; meaningful on participants."""
+    waiting: Z
+    redundant: Z
+    beating: Z
+    """Node -> Bool: has a heartbeat."""
+    beats: Z
+    """Node -> Int: the heartbeat; meaningful where ``beating``."""
+
+    def evolve(self, **changes: Z) -> SymState:
+        return replace(self, **changes)
+
+
+def fresh_state(w: World, name: str) -> SymState:
+    z3 = w.z3
+    return SymState(
+        round=w.fresh(f"{name}.round", z3.IntSort()),
+        complete=w.fresh(f"{name}.complete", z3.BoolSort()),
+        closed=w.fresh(f"{name}.closed", z3.BoolSort()),
+        has_deadline=w.fresh(f"{name}.has_deadline", z3.BoolSort()),
+        deadline=w.fresh(f"{name}.deadline", z3.IntSort()),
+        participants=w.node_array(f"{name}.participants", z3.BoolSort()),
+        n_participants=w.fresh(f"{name}.n_participants", z3.IntSort()),
+        ranks=w.node_array(f"{name}.ranks", z3.IntSort()),
+        waiting=w.node_array(f"{name}.waiting", z3.BoolSort()),
+        redundant=w.node_array(f"{name}.redundant", z3.BoolSort()),
+        beating=w.node_array(f"{name}.beating", z3.BoolSort()),
+        beats=w.node_array(f"{name}.beats", z3.IntSort()),
+    )
+
+
+def state_facts(w: World, s: SymState) -> list[Z]:
+    """What every state satisfies by construction (the count is the set's size)."""
+    return w.card_facts(s.participants, s.n_participants)
+
+
+def empty_state(w: World) -> SymState:
+    z3 = w.z3
+    no = z3.K(w.Node, z3.BoolVal(False))
+    zero = z3.K(w.Node, z3.IntVal(0))
+    return SymState(
+        z3.IntVal(0), z3.BoolVal(False), z3.BoolVal(False), z3.BoolVal(False), z3.IntVal(0),
+        no, z3.IntVal(0), zero, no, no, no, zero,
+    )  # fmt: skip
+
+
+def concrete_state(w: World, state: RendezvousState) -> SymState:
+    """A concrete state in a finite-mode world holding (at least) its nodes."""
+    z3 = w.z3
+    index = {node: c for node, c in zip(w.ids, w.consts, strict=True)}
+
+    def bools(nodes: Sequence[NodeId]) -> Z:
+        arr = z3.K(w.Node, z3.BoolVal(False))
+        for n in nodes:
+            arr = z3.Store(arr, index[n], True)
+        return arr
+
+    def ints(pairs: Sequence[tuple[NodeId, int]]) -> Z:
+        arr = z3.K(w.Node, z3.IntVal(0))
+        for n, v in pairs:
+            arr = z3.Store(arr, index[n], v)
+        return arr
+
+    return SymState(
+        round=z3.IntVal(state.round),
+        complete=z3.BoolVal(state.complete),
+        closed=z3.BoolVal(state.closed),
+        has_deadline=z3.BoolVal(state.deadline is not None),
+        deadline=z3.IntVal(state.deadline or 0),
+        participants=bools(state.participant_nodes()),
+        n_participants=z3.IntVal(state.num_participants),
+        ranks=ints(state.participants),
+        waiting=bools(state.wait_list),
+        redundant=bools(state.redundancy_list),
+        beating=bools([n for n, _ in state.last_heartbeats]),
+        beats=ints(state.last_heartbeats),
+    )
+
+
+@dataclass(frozen=True)
+class SymSettings:
+    min_nodes: Z
+    max_nodes: Z
+    join_timeout: Z
+    last_call_timeout: Z
+    keep_alive_interval: Z
+    heartbeat_expiry: Z
+    """``keep_alive_interval * keep_alive_max_attempt``: a free integer >= the interval in
+    proofs (avoids non-linear arithmetic; only sanitize reads it)."""
+
+
+def fresh_settings(w: World) -> tuple[SymSettings, list[Z]]:
+    z3 = w.z3
+    st = SymSettings(*(w.fresh(n, z3.IntSort()) for n in SymSettings.__dataclass_fields__))
+    facts = [
+        st.min_nodes >= 1,
+        st.max_nodes >= st.min_nodes,
+        st.join_timeout > 0,
+        st.last_call_timeout > 0,
+        st.keep_alive_interval > 0,
+        st.heartbeat_expiry >= st.keep_alive_interval,
+    ]
+    return st, facts
+
+
+def concrete_settings(w: World, settings: Settings) -> SymSettings:
+    iv = w.z3.IntVal
+    return SymSettings(
+        iv(settings.min_nodes),
+        iv(settings.max_nodes),
+        iv(settings.join_timeout),
+        iv(settings.last_call_timeout),
+        iv(settings.keep_alive_interval),
+        iv(settings.heartbeat_expiry),
+    )
+
+
+@dataclass(frozen=True)
+class SymContext:
+    """A :class:`~spec.tables.Context` over a symbolic state."""
+
+    node: Z
+    state: SymState
+    settings: SymSettings
+    mono_now: Z
+    wall_now: Z
+    op_deadline: Z
+    rollback_window: Z
+
+
+ATOM_FORMULAS: Mapping[Atom, Callable[[World, SymContext], Z]] = {
+    Atom.CLOSED: lambda w, c: c.state.closed,
+    Atom.COMPLETE: lambda w, c: c.state.complete,
+    Atom.PARTICIPANT: lambda w, c: c.state.participants[c.node],
+    Atom.WAITING: lambda w, c: c.state.waiting[c.node],
+    Atom.REDUNDANT: lambda w, c: c.state.redundant[c.node],
+    Atom.AT_MAX: lambda w, c: c.state.n_participants == c.settings.max_nodes,
+    Atom.BELOW_MAX: lambda w, c: c.state.n_participants < c.settings.max_nodes,
+    Atom.SIZE_IN_RANGE: lambda w, c: w.z3.And(
+        c.settings.min_nodes <= c.state.n_participants,
+        c.state.n_participants <= c.settings.max_nodes,
+    ),
+    Atom.LAST_CALL_OVER: lambda w, c: w.z3.And(c.state.has_deadline, c.state.deadline < c.wall_now),
+    Atom.PAST_DEADLINE: lambda w, c: c.mono_now > c.op_deadline,
+    Atom.IN_ROLLBACK_WINDOW: lambda w, c: c.mono_now <= c.op_deadline + c.rollback_window,
+    Atom.HEARTBEAT_DUE: lambda w, c: w.z3.And(
+        c.state.beating[c.node],
+        c.state.beats[c.node] <= c.wall_now - c.settings.keep_alive_interval,
+    ),
+}
+"""Each atom's definition (``spec.tables.ATOM_PREDICATES``) as a formula."""
+
+
+def sym_atom(w: World, atom: Atom, c: SymContext) -> Z:
+    try:
+        formula = ATOM_FORMULAS[atom]
+    except KeyError:
+        raise ValueError(
+            f"atom {atom.value} has no symbolic definition: add one to "
+            "model_check.prove.ATOM_FORMULAS"
+        ) from None
+    return formula(w, c)
+
+
+def guard(w: World, table: Table, index: int, c: SymContext) -> Z:
+    lits = [
+        sym_atom(w, lit.atom, c) if lit.positive else w.z3.Not(sym_atom(w, lit.atom, c))
+        for lit in table.rows[index].when
+    ]
+    return w.z3.And(*lits) if lits else w.z3.BoolVal(True)
+
+
+def selected(w: World, table: Table, index: int, c: SymContext) -> Z:
+    """Row ``index`` is the first whose guard holds."""
+    earlier = [w.z3.Not(guard(w, table, j, c)) for j in range(index)]
+    return w.z3.And(guard(w, table, index, c), *earlier)
+
+
+# ---------------------------------------------------------------------------------------
+# Symbolic effects (mirroring spec/effects.py line by line)
+# ---------------------------------------------------------------------------------------
+SymEffect = Callable[[World, SymState, Z, SymSettings, Z], SymState]
+
+
+def ite_state(w: World, cond: Z, then: SymState, other: SymState) -> SymState:
+    z3 = w.z3
+    return SymState(
+        *(z3.If(cond, getattr(then, f), getattr(other, f)) for f in SymState.__dataclass_fields__)
+    )
+
+
+def s_epilogue(w: World, s: SymState, st: SymSettings) -> SymState:
+    z3 = w.z3
+    reopen = z3.And(s.complete, s.n_participants == 0)
+    cancel = z3.And(z3.Not(s.complete), s.n_participants < st.min_nodes)
+    return s.evolve(
+        round=z3.If(reopen, s.round + 1, s.round),
+        complete=z3.If(reopen, False, s.complete),
+        has_deadline=z3.If(cancel, False, s.has_deadline),
+    )
+
+
+def s_keep_alive(w: World, s: SymState, me: Z, st: SymSettings, wall: Z) -> SymState:
+    z3 = w.z3
+    return s.evolve(beating=z3.Store(s.beating, me, True), beats=z3.Store(s.beats, me, wall))
+
+
+def s_mark_complete(w: World, s: SymState, me: Z, st: SymSettings, wall: Z) -> SymState:
+    ranks = w.positions(s.participants, s.n_participants)
+    return s.evolve(complete=w.z3.BoolVal(True), has_deadline=w.z3.BoolVal(False), ranks=ranks)
+
+
+def _add(w: World, members: Z, n: Z, me: Z) -> tuple[Z, Z]:
+    return w.z3.Store(members, me, True), w.z3.If(members[me], n, n + 1)
+
+
+def _remove(w: World, members: Z, n: Z, me: Z) -> tuple[Z, Z]:
+    return w.z3.Store(members, me, False), w.z3.If(members[me], n - 1, n)
+
+
+def s_add_to_participants(w: World, s: SymState, me: Z, st: SymSettings, wall: Z) -> SymState:
+    z3 = w.z3
+    members, n = _add(w, s.participants, s.n_participants, me)
+    new = s.evolve(
+        participants=members,
+        n_participants=n,
+        ranks=z3.Store(s.ranks, me, 0),
+        waiting=z3.Store(s.waiting, me, False),
+    )
+    new = s_keep_alive(w, new, me, st, wall)
+    at_min = new.n_participants == st.min_nodes
+    new = new.evolve(
+        has_deadline=z3.If(at_min, True, new.has_deadline),
+        deadline=z3.If(at_min, wall + st.last_call_timeout, new.deadline),
+    )
+    return ite_state(
+        w, new.n_participants == st.max_nodes, s_mark_complete(w, new, me, st, wall), new
+    )
+
+
+def s_add_to_wait_list(w: World, s: SymState, me: Z, st: SymSettings, wall: Z) -> SymState:
+    z3 = w.z3
+    new = s.evolve(
+        redundant=z3.Store(s.redundant, me, False), waiting=z3.Store(s.waiting, me, True)
+    )
+    return s_keep_alive(w, new, me, st, wall)
+
+
+def s_add_to_redundancy_list(w: World, s: SymState, me: Z, st: SymSettings, wall: Z) -> SymState:
+    new = s.evolve(redundant=w.z3.Store(s.redundant, me, True))
+    return s_keep_alive(w, new, me, st, wall)
+
+
+def _forget_heartbeat(w: World, s: SymState, me: Z) -> SymState:
+    return s.evolve(beating=w.z3.Store(s.beating, me, False))
+
+
+def s_remove_from_participants(w: World, s: SymState, me: Z, st: SymSettings, wall: Z) -> SymState:
+    members, n = _remove(w, s.participants, s.n_participants, me)
+    new = _forget_heartbeat(w, s.evolve(participants=members, n_participants=n), me)
+    return s_epilogue(w, new, st)
+
+
+def s_remove_from_wait_list(w: World, s: SymState, me: Z, st: SymSettings, wall: Z) -> SymState:
+    return _forget_heartbeat(w, s.evolve(waiting=w.z3.Store(s.waiting, me, False)), me)
+
+
+def s_remove_from_redundancy_list(
+    w: World, s: SymState, me: Z, st: SymSettings, wall: Z
+) -> SymState:
+    return _forget_heartbeat(w, s.evolve(redundant=w.z3.Store(s.redundant, me, False)), me)
+
+
+def s_mark_closed(w: World, s: SymState, me: Z, st: SymSettings, wall: Z) -> SymState:
+    return s.evolve(closed=w.z3.BoolVal(True))
+
+
+def s_sanitize(w: World, s: SymState, st: SymSettings, wall: Z) -> SymState:
+    """``spec.effects.sanitize``: prune every node whose heartbeat is older than the
+    expiry; run the epilogue if a participant was among them."""
+    z3 = w.z3
+    limit = wall - st.heartbeat_expiry
+    dead = w.set_of(lambda x: z3.And(s.beating[x], s.beats[x] < limit))
+    dead_members = w.set_of(lambda x: z3.And(s.participants[x], dead[x]))
+    removed = w.subset_size(dead_members, s.participants, s.n_participants)
+
+    def keep(arr: Z) -> Z:
+        return w.set_of(lambda x: z3.And(arr[x], z3.Not(dead[x])))
+
+    new = s.evolve(
+        participants=keep(s.participants),
+        n_participants=s.n_participants - removed,
+        waiting=keep(s.waiting),
+        redundant=keep(s.redundant),
+        beating=keep(s.beating),
+    )
+    return ite_state(w, removed > 0, s_epilogue(w, new, st), new)
+
+
+SYMBOLIC_EFFECTS: Mapping[E.Effect, SymEffect] = {
+    E.keep_alive: s_keep_alive,
+    E.add_to_participants: s_add_to_participants,
+    E.add_to_wait_list: s_add_to_wait_list,
+    E.add_to_redundancy_list: s_add_to_redundancy_list,
+    E.remove_from_participants: s_remove_from_participants,
+    E.remove_from_wait_list: s_remove_from_wait_list,
+    E.remove_from_redundancy_list: s_remove_from_redundancy_list,
+    E.mark_complete: s_mark_complete,
+    E.mark_closed: s_mark_closed,
+}
+"""The symbolic model of each Python effect, keyed by the Python function."""
+
+
+# ---------------------------------------------------------------------------------------
+# Symbolic invariants (mirroring spec/invariants.py)
+# ---------------------------------------------------------------------------------------
+SymStateInv = Callable[[World, SymState, SymSettings], Z]
+SymStepInv = Callable[[World, SymState, SymState, SymSettings], Z]
+
+
+def _ranks_distinct_sorted(w: World, s: SymState) -> Z:
+    z3 = w.z3
+    p, r = s.participants, s.ranks
+    return w.forall2(
+        lambda x, y: z3.Implies(
+            z3.And(p[x], p[y], x != y),
+            z3.And(r[x] != r[y], z3.Implies(w.lt(x, y), r[x] < r[y])),
+        )
+    )
+
+
+def inv_lists_disjoint(w: World, s: SymState, st: SymSettings) -> Z:
+    z3 = w.z3
+    p, q, r = s.participants, s.waiting, s.redundant
+    return w.forall(
+        lambda x: z3.Not(z3.Or(z3.And(p[x], q[x]), z3.And(p[x], r[x]), z3.And(q[x], r[x])))
+    )
+
+
+def inv_participants_within_max(w: World, s: SymState, st: SymSettings) -> Z:
+    return s.n_participants <= st.max_nodes
+
+
+def inv_complete_ranks_distinct(w: World, s: SymState, st: SymSettings) -> Z:
+    return w.z3.Implies(s.complete, _ranks_distinct_sorted(w, s))
+
+
+def inv_listed_nodes_have_heartbeats(w: World, s: SymState, st: SymSettings) -> Z:
+    z3 = w.z3
+    return w.forall(
+        lambda x: z3.Implies(z3.Or(s.participants[x], s.waiting[x], s.redundant[x]), s.beating[x])
+    )
+
+
+def inv_open_round_has_no_ranks(w: World, s: SymState, st: SymSettings) -> Z:
+    z3 = w.z3
+    return z3.Implies(
+        z3.Not(s.complete),
+        w.forall(lambda x: z3.Implies(s.participants[x], s.ranks[x] == 0)),
+    )
+
+
+def inv_open_round_below_max(w: World, s: SymState, st: SymSettings) -> Z:
+    return w.z3.Implies(w.z3.Not(s.complete), s.n_participants < st.max_nodes)
+
+
+def step_closed_is_absorbing(w: World, b: SymState, a: SymState, st: SymSettings) -> Z:
+    return w.z3.Implies(b.closed, a.closed)
+
+
+def step_round_never_decreases(w: World, b: SymState, a: SymState, st: SymSettings) -> Z:
+    return a.round >= b.round
+
+
+def step_completion_assigns_ranks(w: World, b: SymState, a: SymState, st: SymSettings) -> Z:
+    z3 = w.z3
+    completed = z3.And(a.complete, z3.Or(z3.Not(b.complete), a.round != b.round))
+    n = a.n_participants
+    in_range = w.forall(
+        lambda x: z3.Implies(a.participants[x], z3.And(a.ranks[x] >= 0, a.ranks[x] < n))
+    )
+    # Distinct ranks in [0, n) for n members are exactly 0..n-1.
+    return z3.Implies(
+        completed,
+        z3.And(
+            in_range,
+            _ranks_distinct_sorted(w, a),
+            st.min_nodes <= n,
+            n <= st.max_nodes,
+        ),
+    )
+
+
+SYMBOLIC_STATE_INVARIANTS: Mapping[str, SymStateInv] = {
+    "lists_disjoint": inv_lists_disjoint,
+    "participants_within_max": inv_participants_within_max,
+    "complete_ranks_distinct": inv_complete_ranks_distinct,
+    "listed_nodes_have_heartbeats": inv_listed_nodes_have_heartbeats,
+    "open_round_has_no_ranks": inv_open_round_has_no_ranks,
+}
+"""Each state invariant of spec/invariants.py, by name."""
+
+SYMBOLIC_STEP_INVARIANTS: Mapping[str, SymStepInv] = {
+    "closed_is_absorbing": step_closed_is_absorbing,
+    "round_never_decreases": step_round_never_decreases,
+    "completion_assigns_ranks": step_completion_assigns_ranks,
+}
+"""Each step invariant of spec/invariants.py, by name."""
+
+
+# ---------------------------------------------------------------------------------------
+# Obligations
+# ---------------------------------------------------------------------------------------
+MAX_WITNESS_NODES = 4
+"""Witnesses and counterexamples are searched with 1..this many concrete nodes."""
+
+
+@dataclass
+class Outcome:
+    """One obligation's verdict."""
+
+    name: str
+    verdict: str
+    """``holds``, ``FAILS`` or ``UNKNOWN``."""
+    seconds: float
+    detail: list[str] = field(default_factory=list)
+    """Counterexample or explanation lines (empty when it holds)."""
+
+    @property
+    def holds(self) -> bool:
+        return self.verdict == "holds"
+
+
+@dataclass(frozen=True)
+class Symbols:
+    """Every symbolic value of one obligation, for printing a counterexample."""
+
+    before: SymState
+    after: SymState | None
+    settings: SymSettings
+    me: Z | None = None
+    clocks: Mapping[str, Z] = field(default_factory=dict)
+    atoms: Mapping[str, Z] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Concrete:
+    """A finite-mode model read back as spec values."""
+
+    before: RendezvousState
+    settings: Settings
+    node: NodeId | None
+    context: Context | None
+    wall_now: int
+
+
+Replay = Callable[[Concrete], list[str]]
+"""Runs the Python spec on a concrete counterexample and says what it does."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Hypotheses and goals of a group of obligations, built in one world."""
+
+    world: World
+    hypotheses: list[Z]
+    goals: dict[str, Z]
+    symbols: Symbols
+    replay: Replay | None = None
+
+
+class MissingModel(Exception):
+    """An effect of the variant has no symbolic model."""
+
+
+def aux_holds(state: RendezvousState, settings: Settings) -> bool:
+    """The auxiliary lemma on a concrete state (for replays)."""
+    return state.complete or state.num_participants < settings.max_nodes
+
+
+class Prover:
+    """Builds and checks the obligations of one variant."""
+
+    def __init__(
+        self,
+        variant: Variant,
+        *,
+        models: Mapping[E.Effect, SymEffect] | None = None,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    ) -> None:
+        self.z3 = load_z3()
+        self.variant = variant
+        self.models = {**SYMBOLIC_EFFECTS, **(models or {})}
+        self.timeout_ms = timeout_ms
+
+    # -- worlds, contexts, solvers ---------------------------------------------------------
+    def world(self, nodes: int | None = None) -> World:
+        ids = None if nodes is None else [NodeId("n", i) for i in range(nodes)]
+        return World(self.z3, ids)
+
+    def _solver(self, w: World, hypotheses: Sequence[Z]) -> Any:
+        solver = self.z3.Solver()
+        solver.set("timeout", self.timeout_ms)
+        solver.add(*w.axioms, *hypotheses)
+        return solver
+
+    def _settings(self, w: World) -> tuple[SymSettings, list[Z]]:
+        st, facts = fresh_settings(w)
+        if w.finite:  # concrete witnesses use keep_alive_max_attempt = 1
+            facts.append(st.heartbeat_expiry == st.keep_alive_interval)
+        return st, facts
+
+    def _context(self, w: World) -> tuple[SymContext, list[Z]]:
+        z3 = w.z3
+        st, facts = self._settings(w)
+        state = fresh_state(w, "before")
+        ctx = SymContext(
+            node=w.fresh("me", w.Node),
+            state=state,
+            settings=st,
+            mono_now=w.fresh("mono_now", z3.IntSort()),
+            wall_now=w.fresh("wall_now", z3.IntSort()),
+            op_deadline=w.fresh("op_deadline", z3.IntSort()),
+            rollback_window=z3.IntVal(self.variant.rollback_window),
+        )
+        if w.finite:
+            facts.append(z3.Or(*[ctx.node == c for c in w.consts]))
+        return ctx, facts + state_facts(w, state)
+
+    def _symbols(self, w: World, ctx: SymContext, after: SymState | None) -> Symbols:
+        return Symbols(
+            before=ctx.state,
+            after=after,
+            settings=ctx.settings,
+            me=ctx.node,
+            clocks={
+                "mono_now": ctx.mono_now,
+                "wall_now": ctx.wall_now,
+                "op_deadline": ctx.op_deadline,
+            },
+            atoms={a.value: sym_atom(w, a, ctx) for a in Atom},
+        )
+
+    def invariants(self, w: World, s: SymState, st: SymSettings) -> dict[str, Z]:
+        out = {
+            name: SYMBOLIC_STATE_INVARIANTS[name](w, s, st)
+            for name in sorted(SYMBOLIC_STATE_INVARIANTS)
+        }
+        out[AUX_INVARIANT] = inv_open_round_below_max(w, s, st)
+        return out
+
+    def _goals(self, w: World, before: SymState, after: SymState, st: SymSettings) -> dict[str, Z]:
+        goals = {f"keeps {n}": g for n, g in self.invariants(w, after, st).items()}
+        for name in sorted(SYMBOLIC_STEP_INVARIANTS):
+            goals[f"respects {name}"] = SYMBOLIC_STEP_INVARIANTS[name](w, before, after, st)
+        return goals
+
+    # -- setups ----------------------------------------------------------------------------
+    def setup_row(self, w: World, op: Op, index: int) -> Setup:
+        """Induction over one mutating row: invariants and selection before, effect."""
+        table = self.variant.table(op)
+        action = table.rows[index].then
+        effect = self.variant.effects[action]
+        model = self.models.get(effect)
+        if model is None:
+            raise MissingModel(
+                f"effect {effect.__module__}.{effect.__qualname__} of {action.value} has no "
+                "symbolic model: add one to model_check.prove.SYMBOLIC_EFFECTS (and to its "
+                "cross-check test)"
+            )
+        ctx, facts = self._context(w)
+        after = model(w, ctx.state, ctx.node, ctx.settings, ctx.wall_now)
+        hypotheses = [
+            *facts,
+            *w.side,
+            *state_facts(w, after),
+            *self.invariants(w, ctx.state, ctx.settings).values(),
+            selected(w, table, index, ctx),
+        ]
+
+        def replay(c: Concrete) -> list[str]:
+            assert c.context is not None and c.node is not None
+            lines = []
+            chosen = table.select(c.context)
+            if chosen != index:
+                lines.append(f"note: spec's table selects row {chosen} here, not row {index}")
+            after_real = effect(c.before, c.node, c.settings, c.wall_now)
+            return lines + _replay_lines(c.before, after_real, c.settings, effect.__name__)
+
+        return Setup(
+            w,
+            hypotheses,
+            self._goals(w, ctx.state, after, ctx.settings),
+            self._symbols(w, ctx, after),
+            replay,
+        )
+
+    def setup_sanitize(self, w: World) -> Setup:
+        st, facts = self._settings(w)
+        before = fresh_state(w, "before")
+        wall = w.fresh("wall_now", self.z3.IntSort())
+        after = s_sanitize(w, before, st, wall)
+        hypotheses = [
+            *facts,
+            *state_facts(w, before),
+            *w.side,
+            *state_facts(w, after),
+            *self.invariants(w, before, st).values(),
+        ]
+
+        def replay(c: Concrete) -> list[str]:
+            after_real = E.sanitize(c.before, c.settings, c.wall_now).state
+            return _replay_lines(c.before, after_real, c.settings, "sanitize")
+
+        symbols = Symbols(before=before, after=after, settings=st, clocks={"wall_now": wall})
+        return Setup(w, hypotheses, self._goals(w, before, after, st), symbols, replay)
+
+    def setup_table(self, w: World, op: Op) -> tuple[Setup, SymContext]:
+        """Totality and exclusivity of one table, over every context (no invariants)."""
+        table = self.variant.table(op)
+        ctx, facts = self._context(w)
+        z3 = w.z3
+        guards = [guard(w, table, i, ctx) for i in range(len(table.rows))]
+        sel = [selected(w, table, i, ctx) for i in range(len(table.rows))]
+        overlaps = [z3.And(sel[i], sel[j]) for i, j in itertools.combinations(range(len(sel)), 2)]
+        goals = {
+            "table is total": z3.Or(*guards),
+            "table selects at most one row (first match)": z3.Not(z3.Or(*overlaps))
+            if overlaps
+            else z3.BoolVal(True),
+        }
+
+        def replay(c: Concrete) -> list[str]:
+            assert c.context is not None
+            try:
+                return [f"spec's table selects row {table.select(c.context)} here"]
+            except Exception as exc:  # NoRowMatches is the expected one
+                return [f"spec confirms: {type(exc).__name__}: {exc}"]
+
+        return Setup(w, facts, goals, self._symbols(w, ctx, None), replay), ctx
+
+    # -- checking --------------------------------------------------------------------------
+    def _read_concrete(self, setup: Setup, model: Any) -> Concrete:
+        w, sym = setup.world, setup.symbols
+        z3 = w.z3
+
+        def num(expr: Z) -> int:
+            return int(model.eval(expr, model_completion=True).as_long())
+
+        def truth(expr: Z) -> bool:
+            return bool(z3.is_true(model.eval(expr, model_completion=True)))
+
+        s = sym.before
+        ids = dict(zip(w.consts, w.ids, strict=True))
+        state = RendezvousState.build(
+            round=num(s.round),
+            complete=truth(s.complete),
+            closed=truth(s.closed),
+            deadline=num(s.deadline) if truth(s.has_deadline) else None,
+            participants={ids[c]: num(s.ranks[c]) for c in w.consts if truth(s.participants[c])},
+            wait_list=[ids[c] for c in w.consts if truth(s.waiting[c])],
+            redundancy_list=[ids[c] for c in w.consts if truth(s.redundant[c])],
+            last_heartbeats={ids[c]: num(s.beats[c]) for c in w.consts if truth(s.beating[c])},
+        )
+        st = sym.settings
+        settings = Settings(
+            min_nodes=num(st.min_nodes),
+            max_nodes=num(st.max_nodes),
+            join_timeout=num(st.join_timeout),
+            last_call_timeout=num(st.last_call_timeout),
+            keep_alive_interval=num(st.keep_alive_interval),
+            keep_alive_max_attempt=1,
+        )
+        node = None
+        if sym.me is not None:
+            node = next(ids[c] for c in w.consts if truth(sym.me == c))
+        wall = num(sym.clocks["wall_now"]) if "wall_now" in sym.clocks else 0
+        ctx = None
+        if node is not None:
+            ctx = Context(
+                node=node,
+                state=state,
+                settings=settings,
+                mono_now=num(sym.clocks["mono_now"]),
+                wall_now=wall,
+                op_deadline=num(sym.clocks["op_deadline"]),
+                rollback_window=self.variant.rollback_window,
+            )
+        return Concrete(state, settings, node, ctx, wall)
+
+    def _counterexample(
+        self, build: Callable[[World], Setup], goal: str, what: str
+    ) -> list[str] | None:
+        """A concrete counterexample with few nodes, rendered and replayed on spec."""
+        for nodes in range(1, MAX_WITNESS_NODES + 1):
+            setup = build(self.world(nodes))
+            solver = self._solver(setup.world, setup.hypotheses)
+            solver.add(self.z3.Not(setup.goals[goal]))
+            if solver.check() != self.z3.sat:
+                continue
+            model = solver.model()
+            lines = [f"{what} with {nodes} node(s):"]
+            lines += render_model(setup.world, model, setup.symbols)
+            if setup.replay is not None:
+                try:
+                    concrete = self._read_concrete(setup, model)
+                except SettingsError as exc:
+                    lines.append(f"  (not replayed on spec: {exc})")
+                else:
+                    lines += [f"  {line}" for line in setup.replay(concrete)]
+            return lines
+        return None
+
+    def check_setup(
+        self, label: str, build: Callable[[World], Setup], what: str
+    ) -> Iterator[Outcome]:
+        """Prove every goal of ``build`` for any number of nodes (incrementally)."""
+        try:
+            setup = build(self.world())
+        except MissingModel as exc:
+            yield Outcome(f"{label} has a symbolic model", "FAILS", 0.0, [str(exc)])
+            return
+        solver = self._solver(setup.world, setup.hypotheses)
+        for goal, formula in setup.goals.items():
+            name = f"{label} {goal}"
+            started = time.perf_counter()
+            solver.push()
+            solver.add(self.z3.Not(formula))
+            verdict = solver.check()
+            abstract = solver.model() if verdict == self.z3.sat else None
+            reason = solver.reason_unknown() if verdict == self.z3.unknown else ""
+            solver.pop()
+            if verdict == self.z3.unsat:
+                yield Outcome(name, "holds", time.perf_counter() - started)
+                continue
+            lines = self._counterexample(build, goal, what)
+            seconds = time.perf_counter() - started
+            if lines is not None:
+                yield Outcome(name, "FAILS", seconds, lines)
+            elif abstract is not None:
+                yield Outcome(
+                    name,
+                    "FAILS",
+                    seconds,
+                    [
+                        f"{what} in the abstraction (none found with up to "
+                        f"{MAX_WITNESS_NODES} concrete nodes; the cardinality facts may be "
+                        "too weak):",
+                        *render_model(setup.world, abstract, setup.symbols),
+                    ],
+                )
+            else:
+                yield Outcome(name, "UNKNOWN", seconds, [f"z3 gave up: {reason}"])
+
+    # -- the obligations -------------------------------------------------------------------
+    def prove(self) -> Iterator[Outcome]:
+        yield from self.base_case()
+        for op in Op:
+            yield from self.table_obligations(op)
+        for op in Op:
+            yield from self.induction_obligations(op)
+        yield from self.check_setup(
+            f"{self.variant.name}: sanitize", self.setup_sanitize, "counterexample to induction"
+        )
+
+    def base_case(self) -> Iterator[Outcome]:
+        def build(w: World) -> Setup:
+            st, facts = self._settings(w)
+            s = empty_state(w)
+            goals = {f"satisfies {n}": g for n, g in self.invariants(w, s, st).items()}
+            return Setup(w, facts, goals, Symbols(before=s, after=None, settings=st))
+
+        yield from self.check_setup(
+            f"{self.variant.name}: empty state", build, "the empty state violates it"
+        )
+
+    def table_obligations(self, op: Op) -> Iterator[Outcome]:
+        yield from self.check_setup(
+            f"{self.variant.name}: {op.value}",
+            lambda w: self.setup_table(w, op)[0],
+            "a context where it fails",
+        )
+        table = self.variant.table(op)
+        for index, r in enumerate(table.rows):
+            yield self.liveness(op, index, f"{self.variant.name}: {op.value} row {index} "
+                                f"({r.then.value}) is live")  # fmt: skip
+
+    def liveness(self, op: Op, index: int, name: str) -> Outcome:
+        """Some state satisfying the invariants selects the row: a concrete witness
+        with few nodes, confirmed by running spec's own table on it."""
+        table = self.variant.table(op)
+        started = time.perf_counter()
+        for nodes in [*range(1, MAX_WITNESS_NODES + 1), None]:
+            w = self.world(nodes)
+            setup, ctx = self.setup_table(w, op)
+            solver = self._solver(w, setup.hypotheses)
+            solver.add(*self.invariants(w, ctx.state, ctx.settings).values())
+            solver.add(selected(w, table, index, ctx))
+            verdict = solver.check()
+            if nodes is None:
+                seconds = time.perf_counter() - started
+                if verdict == self.z3.unsat:
+                    return Outcome(
+                        name,
+                        "FAILS",
+                        seconds,
+                        [
+                            "dead row: no state satisfying the invariants selects "
+                            f"[{table.rows[index].guard_text()} -> "
+                            f"{table.rows[index].then.value}], for any number of nodes"
+                        ],
+                    )
+                return Outcome(
+                    name,
+                    "UNKNOWN",
+                    seconds,
+                    [f"no witness with up to {MAX_WITNESS_NODES} nodes; z3: {verdict}"],
+                )
+            if verdict != self.z3.sat:
+                continue
+            concrete = self._read_concrete(setup, solver.model())
+            assert concrete.context is not None
+            problems = check_state(concrete.before, concrete.settings)
+            chosen = table.select(concrete.context)
+            if chosen != index or problems:
+                return Outcome(
+                    name,
+                    "FAILS",
+                    time.perf_counter() - started,
+                    [
+                        "the symbolic model disagrees with spec on its witness "
+                        f"(spec selects row {chosen}, invariant problems {problems}): "
+                        "model_check/prove.py has drifted from spec",
+                        f"  witness: {concrete.before.describe()}",
+                    ],
+                )
+            return Outcome(name, "holds", time.perf_counter() - started)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def induction_obligations(self, op: Op) -> Iterator[Outcome]:
+        table = self.variant.table(op)
+        for index, r in enumerate(table.rows):
+            if r.then.mutates:
+                yield from self.check_setup(
+                    f"{self.variant.name}: {op.value} row {index} ({r.then.value})",
+                    lambda w, index=index: self.setup_row(w, op, index),  # type: ignore[misc]
+                    "counterexample to induction",
+                )
+
+
+def _replay_lines(
+    before: RendezvousState, after: RendezvousState, settings: Settings, what: str
+) -> list[str]:
+    problems = check_step(before, after, settings)
+    if aux_holds(before, settings) and not aux_holds(after, settings):
+        problems.append((AUX_INVARIANT, "an open round reached max_nodes"))
+    lines = [f"replayed on spec ({what}): after = {after.describe()}"]
+    if problems:
+        lines += [f"spec confirms: {name}: {message}" for name, message in problems]
+    else:
+        lines.append(
+            "spec shows no violation here: the symbolic model disagrees with spec "
+            "(model_check/prove.py has drifted)"
+        )
+    return lines
+
+
+def coverage_problems() -> list[str]:
+    """Atoms and named invariants of spec without a symbolic encoding (and back)."""
+    problems = [
+        f"atom {atom.value} has no symbolic definition: add one to model_check.prove.ATOM_FORMULAS"
+        for atom in Atom
+        if atom not in ATOM_FORMULAS
+    ]
+    for kind, names, encoded in (
+        ("state", {i.name for i in STATE_INVARIANTS}, set(SYMBOLIC_STATE_INVARIANTS)),
+        ("step", {i.name for i in STEP_INVARIANTS}, set(SYMBOLIC_STEP_INVARIANTS)),
+    ):
+        for name in sorted(names - encoded):
+            problems.append(
+                f"{kind} invariant {name} has no symbolic encoding: add one to model_check/prove.py"
+            )
+        for name in sorted(encoded - names):
+            problems.append(f"symbolic {kind} invariant {name} is not in spec/invariants.py")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------
+# Reading a model back as a state
+# ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelState:
+    """A symbolic state evaluated in a z3 model: plain values."""
+
+    round: int
+    complete: bool
+    closed: bool
+    deadline: int | None
+    participants: dict[str, int]
+    n_participants: int
+    waiting: list[str]
+    redundant: list[str]
+    heartbeats: dict[str, int]
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{n}:{r}" for n, r in self.participants.items())
+        beats = ", ".join(f"{n}@{t}" for n, t in self.heartbeats.items())
+        flags = [f"round={self.round}"]
+        if self.complete:
+            flags.append("complete")
+        if self.closed:
+            flags.append("closed")
+        if self.deadline is not None:
+            flags.append(f"last_call_until={self.deadline}")
+        count = (
+            ""
+            if self.n_participants == len(self.participants)
+            else f" (count={self.n_participants})"
+        )
+        return (
+            f"{' '.join(flags)} participants=[{parts}]{count} wait=[{', '.join(self.waiting)}] "
+            f"redundant=[{', '.join(self.redundant)}] heartbeats=[{beats}]"
+        )
+
+
+def _universe(w: World, model: Any) -> list[Z]:
+    elements = model.get_universe(w.Node) or []
+    if w.finite:
+        return list(w.consts)
+
+    def before(a: Z, b: Z) -> bool:
+        return bool(w.z3.is_true(model.eval(w.lt(a, b), model_completion=True)))
+
+    ordered: list[Z] = []
+    for e in elements:  # insertion sort by the model's order (a handful of elements)
+        at = len(ordered)
+        for k, o in enumerate(ordered):
+            if before(e, o):
+                at = k
+                break
+        ordered.insert(at, e)
+    return ordered
+
+
+def read_state(w: World, model: Any, s: SymState, names: Mapping[str, str]) -> ModelState:
+    z3 = w.z3
+    universe = _universe(w, model)
+
+    def val(expr: Z) -> Any:
+        v = model.eval(expr, model_completion=True)
+        if z3.is_true(v):
+            return True
+        if z3.is_false(v):
+            return False
+        return v.as_long()
+
+    def name(e: Z) -> str:
+        return names[str(e)]
+
+    members = [e for e in universe if val(s.participants[e])]
+    return ModelState(
+        round=val(s.round),
+        complete=val(s.complete),
+        closed=val(s.closed),
+        deadline=val(s.deadline) if val(s.has_deadline) else None,
+        participants={name(e): val(s.ranks[e]) for e in members},
+        n_participants=val(s.n_participants),
+        waiting=[name(e) for e in universe if val(s.waiting[e])],
+        redundant=[name(e) for e in universe if val(s.redundant[e])],
+        heartbeats={name(e): val(s.beats[e]) for e in universe if val(s.beating[e])},
+    )
+
+
+def render_model(w: World, model: Any, sym: Symbols) -> list[str]:
+    """A counterexample as readable lines: settings, clocks, atoms, before, after."""
+    z3 = w.z3
+    universe = _universe(w, model)
+    names: dict[str, str] = {}
+    me = "(none)"
+    for i, e in enumerate(universe):
+        names[str(e)] = str(w.ids[i]) if w.finite else f"n{i}"
+        if sym.me is not None and z3.is_true(model.eval(sym.me == e, model_completion=True)):
+            if not w.finite:
+                names[str(e)] = "me"
+            me = names[str(e)]
+
+    def val(expr: Z) -> str:
+        v = model.eval(expr, model_completion=True)
+        return str(v)
+
+    settings = ", ".join(
+        f"{f}={val(getattr(sym.settings, f))}" for f in SymSettings.__dataclass_fields__
+    )
+    lines = [f"  settings: {settings}"]
+    if sym.clocks:
+        lines.append("  clocks: " + ", ".join(f"{k}={val(v)}" for k, v in sym.clocks.items()))
+    if sym.atoms:
+        true_atoms = [k for k, v in sym.atoms.items() if z3.is_true(model.eval(v, True))]
+        lines.append(f"  atoms true for the acting node: {', '.join(true_atoms) or '(none)'}")
+    lines.append(f"  before: {read_state(w, model, sym.before, names).describe()}")
+    if sym.after is not None:
+        lines.append(f"  after:  {read_state(w, model, sym.after, names).describe()}")
+    lines.append(f"  nodes (in id order): {', '.join(names[str(e)] for e in universe)}")
+    if sym.me is not None:
+        lines.append(f"  acting node (me): {me}")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------
+def prove_all(
+    variants: Sequence[Variant],
+    *,
+    models: Mapping[E.Effect, SymEffect] | None = None,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS,
+) -> Iterator[Outcome]:
+    """Every obligation of every variant, in a fixed order."""
+    problems = coverage_problems()
+    if problems:  # a formula for a missing atom or invariant cannot even be built
+        yield Outcome("coverage of spec's atoms and invariants", "FAILS", 0.0, problems)
+        return
+    for variant in variants:
+        yield from Prover(variant, models=models, timeout_ms=timeout_ms).prove()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m model_check prove",
+        description=(
+            "Prove with z3, for any number of nodes, that every decision table is total, "
+            "selects one row and has no dead row, and that the invariants are inductive."
+        ),
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        metavar="NAME",
+        help=f"prove only this variant (repeatable; default: all of {', '.join(VARIANTS)})",
+    )
+    parser.add_argument(
+        "--timeout-ms",
+        type=int,
+        default=DEFAULT_TIMEOUT_MS,
+        help="bound on each solver call (default: %(default)s); running out fails",
+    )
+    parser.add_argument(
+        "--no-times", action="store_true", help="omit timings (output is then deterministic)"
+    )
+    parser.add_argument(
+        "--failures-only", action="store_true", help="print only failing obligations"
+    )
+    args = parser.parse_args(argv)
+    names = args.variant or sorted(VARIANTS)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        print(
+            f"error: unknown variant {', '.join(unknown)}; choose from {', '.join(VARIANTS)}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.timeout_ms <= 0:
+        print(f"error: --timeout-ms ({args.timeout_ms}) must be positive", file=sys.stderr)
+        return 2
+    z3 = load_z3()
+    print(
+        f"prove: variants={','.join(names)} nodes=any (uninterpreted sort) "
+        f"timeout_ms={args.timeout_ms} z3={z3.get_version_string()}"
+    )
+    return report(
+        prove_all([VARIANTS[n] for n in names], timeout_ms=args.timeout_ms),
+        times=not args.no_times,
+        failures_only=args.failures_only,
+    )
+
+
+def report(outcomes: Iterator[Outcome], *, times: bool = True, failures_only: bool = False) -> int:
+    """Print each outcome as it comes; return the exit code (0 only if all hold)."""
+    counts = {"holds": 0, "FAILS": 0, "UNKNOWN": 0}
+    total = 0.0
+    for outcome in outcomes:
+        counts[outcome.verdict] += 1
+        total += outcome.seconds
+        if failures_only and outcome.holds:
+            continue
+        timing = f"{outcome.seconds * 1000:8.1f} ms  " if times else ""
+        print(f"{outcome.verdict:<7} {timing}{outcome.name}", flush=True)
+        for line in outcome.detail:
+            print(f"    {line}")
+    n = sum(counts.values())
+    summary = (
+        f"obligations={n} hold={counts['holds']} fail={counts['FAILS']} unknown={counts['UNKNOWN']}"
+    )
+    if times:
+        summary += f" solver_sec={total:.2f}"
+    print(summary)
+    return 0 if counts["holds"] == n else 1
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(main())
+    except SettingsError as exc:  # pragma: no cover - settings are symbolic here
+        raise SystemExit(str(exc)) from None
