@@ -87,6 +87,14 @@ class Variant:
         """
         changes: list[str] = []
         tables = dict(self.tables)
+        for (op, index), limit in [(k, 0) for k in rows or {}] + [(k, 1) for k in insert or {}]:
+            size = len(tables[op].rows)
+            if not 0 <= index < size + limit:
+                raise ValueError(
+                    f"variant {name!r}: the {op.value} table of {self.name!r} has rows "
+                    f"0..{size - 1}; row index {index} is out of range (use an existing "
+                    f"row, or {size} with insert= to append)"
+                )
         touched = {op for op, _ in (rows or {})} | {op for op, _ in (insert or {})}
         for op in sorted(touched, key=lambda o: o.value):
             old = list(tables[op].rows)

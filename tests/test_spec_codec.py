@@ -1,0 +1,409 @@
+"""The codec: round trips, canonical bytes, malformed input, and the size budget.
+
+The contract under test: ``decode(encode(s)) == s`` for every valid state, equal states
+encode to equal bytes, and *no* input makes ``decode`` raise anything but
+:class:`spec.codec.CorruptState`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spec.codec import MAX_ADDR_LEN, MAX_INT, MIN_INT, VERSION, CorruptState, decode, encode
+from spec.state import EMPTY_STATE, NodeId, RendezvousState
+
+# -- strategies ---------------------------------------------------------------------------
+ints = st.integers(0, MAX_INT)
+times = st.integers(MIN_INT, MAX_INT)
+nodes = st.builds(
+    NodeId,
+    addr=st.text(min_size=1, max_size=24),
+    pid=st.one_of(st.integers(0, 10**6), ints),
+    local_id=st.one_of(st.integers(0, 3), ints),
+)
+
+
+@st.composite
+def states(draw: st.DrawFn) -> RendezvousState:
+    pool = draw(st.lists(nodes, max_size=12, unique=True))
+    participants = {n: draw(ints | st.integers(0, 20)) for n in pool if draw(st.booleans())}
+    return RendezvousState.build(
+        round=draw(ints | st.integers(0, 5)),
+        complete=draw(st.booleans()),
+        closed=draw(st.booleans()),
+        deadline=draw(st.none() | times),
+        participants=participants,
+        wait_list=[n for n in pool if draw(st.booleans())],
+        redundancy_list=[n for n in pool if draw(st.booleans())],
+        last_heartbeats={n: draw(times) for n in pool if draw(st.booleans())},
+    )
+
+
+def _doc(state: RendezvousState) -> dict[str, Any]:
+    parsed: dict[str, Any] = json.loads(encode(state))
+    return parsed
+
+
+def _bytes(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+SAMPLE = RendezvousState.build(
+    round=3,
+    complete=True,
+    deadline=None,
+    participants={NodeId("a", 1, 0): 0, NodeId("b", 2, 1): 1},
+    wait_list=[NodeId("c", 3, 0)],
+    redundancy_list=[NodeId("d", 4, 0)],
+    last_heartbeats={NodeId(x, i + 1, 0): 1_800_000_000_000 + i for i, x in enumerate("abcd")},
+)
+SAMPLE_BYTES = encode(SAMPLE)
+
+
+# -- round trip and canonical form ----------------------------------------------------------
+@given(states())
+def test_round_trip(state: RendezvousState) -> None:
+    data = encode(state)
+    assert decode(data) == state
+    assert encode(decode(data)) == data
+
+
+def test_round_trip_of_the_empty_state() -> None:
+    assert decode(encode(EMPTY_STATE)) == EMPTY_STATE
+
+
+def test_encoding_is_compact_sorted_ascii_json() -> None:
+    data = encode(SAMPLE)
+    assert data.isascii()
+    assert b" " not in data and b"\n" not in data
+    doc = json.loads(data)
+    assert list(doc) == sorted(doc)
+    assert doc["v"] == VERSION
+    assert doc["participants"] == [["a", 1, 0, 0], ["b", 2, 1, 1]]
+    assert doc["heartbeats"][0] == ["a", 1, 0, 1_800_000_000_000]
+
+
+@given(states(), st.randoms(use_true_random=False))
+def test_equal_states_built_in_any_order_encode_identically(
+    state: RendezvousState, rnd: Any
+) -> None:
+    def shuffled(items: list[Any]) -> list[Any]:
+        out = list(items)
+        rnd.shuffle(out)
+        return out
+
+    rebuilt = RendezvousState.build(
+        round=state.round,
+        complete=state.complete,
+        closed=state.closed,
+        deadline=state.deadline,
+        participants=dict(shuffled(list(state.participants))),
+        wait_list=shuffled(list(state.wait_list)),
+        redundancy_list=shuffled(list(state.redundancy_list)),
+        last_heartbeats=dict(shuffled(list(state.last_heartbeats))),
+    )
+    assert rebuilt == state
+    assert encode(rebuilt) == encode(state)
+
+
+def test_same_state_reached_by_different_update_orders_encodes_identically() -> None:
+    a, b = NodeId("x", 1), NodeId("y", 2)
+    one = EMPTY_STATE.evolve(participants={a: 0}).evolve(participants={a: 0, b: 0})
+    two = EMPTY_STATE.evolve(participants={b: 0}).evolve(participants={b: 0, a: 0})
+    assert encode(one) == encode(two)
+
+
+def test_decode_accepts_unsorted_lists_and_bytes_like_input() -> None:
+    doc = _doc(SAMPLE)
+    doc["participants"].reverse()
+    doc["heartbeats"].reverse()
+    assert decode(_bytes(doc)) == SAMPLE
+    # Typed as bytes, but bytes-like values from store clients are accepted too.
+    assert decode(bytearray(SAMPLE_BYTES)) == SAMPLE  # type: ignore[arg-type]
+    assert decode(memoryview(SAMPLE_BYTES)) == SAMPLE  # type: ignore[arg-type]
+
+
+# -- malformed input: only CorruptState --------------------------------------------------
+def _only_corrupt(data: Any) -> None:
+    """decode(data) either succeeds with a re-encodable state or raises CorruptState."""
+    try:
+        state = decode(data)
+    except CorruptState as exc:
+        assert str(exc).startswith("the rendezvous state is corrupt")
+        return
+    assert decode(encode(state)) == state
+
+
+@settings(max_examples=1500)
+@given(st.binary(max_size=200))
+def test_random_bytes(data: bytes) -> None:
+    _only_corrupt(data)
+
+
+@settings(max_examples=1500)
+@given(st.binary(max_size=200).map(lambda b: b"{" + b))
+def test_random_bytes_after_a_brace(data: bytes) -> None:
+    _only_corrupt(data)
+
+
+@settings(max_examples=500)
+@given(states(), st.data())
+def test_every_truncation_of_a_valid_encoding(state: RendezvousState, data: st.DataObject) -> None:
+    encoded = encode(state)
+    cut = data.draw(st.integers(0, len(encoded) - 1))
+    with pytest.raises(CorruptState):
+        decode(encoded[:cut])
+
+
+def test_all_truncations_of_the_sample() -> None:
+    for cut in range(len(SAMPLE_BYTES)):
+        with pytest.raises(CorruptState):
+            decode(SAMPLE_BYTES[:cut])
+
+
+@settings(max_examples=1000)
+@given(states(), st.data())
+def test_byte_mutations_of_a_valid_encoding(state: RendezvousState, data: st.DataObject) -> None:
+    encoded = bytearray(encode(state))
+    for _ in range(data.draw(st.integers(1, 4))):
+        where = data.draw(st.integers(0, len(encoded) - 1))
+        kind = data.draw(st.sampled_from(["flip", "insert", "delete"]))
+        byte = data.draw(st.integers(0, 255))
+        if kind == "flip":
+            encoded[where] = byte
+        elif kind == "insert":
+            encoded.insert(where, byte)
+        elif len(encoded) > 1:
+            del encoded[where]
+    _only_corrupt(bytes(encoded))
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=1000)
+@given(json_values)
+def test_arbitrary_json_values(value: Any) -> None:
+    _only_corrupt(json.dumps(value).encode())
+
+
+@settings(max_examples=500)
+@given(st.fixed_dictionaries({key: json_values for key in _doc(SAMPLE)}))
+def test_right_keys_with_arbitrary_values(doc: dict[str, Any]) -> None:
+    _only_corrupt(_bytes(doc))
+
+
+@settings(max_examples=500)
+@given(
+    st.sampled_from(["participants", "heartbeats", "wait_list", "redundancy_list"]),
+    st.lists(st.lists(json_values, max_size=5), max_size=4),
+)
+def test_node_lists_with_arbitrary_entries(field: str, entries: list[Any]) -> None:
+    doc = _doc(SAMPLE)
+    doc[field] = entries
+    _only_corrupt(_bytes(doc))
+
+
+def _set(path: tuple[Any, ...], value: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(doc: dict[str, Any]) -> None:
+        target: Any = doc
+        for part in path[:-1]:
+            target = target[part]
+        target[path[-1]] = value
+
+    return edit
+
+
+INT_FIELDS: list[tuple[Any, ...]] = [
+    ("round",),
+    ("deadline",),
+    ("participants", 0, 1),
+    ("participants", 0, 2),
+    ("participants", 0, 3),
+    ("heartbeats", 0, 1),
+    ("heartbeats", 0, 2),
+    ("heartbeats", 0, 3),
+    ("wait_list", 0, 1),
+    ("wait_list", 0, 2),
+    ("redundancy_list", 0, 2),
+]
+BOOL_FIELDS: list[tuple[Any, ...]] = [("complete",), ("closed",)]
+LIST_FIELDS: list[tuple[Any, ...]] = [
+    ("participants",),
+    ("wait_list",),
+    ("redundancy_list",),
+    ("heartbeats",),
+    ("participants", 0),
+    ("wait_list", 0),
+    ("heartbeats", 0),
+]
+ADDR_FIELDS: list[tuple[Any, ...]] = [
+    ("participants", 0, 0),
+    ("wait_list", 0, 0),
+    ("redundancy_list", 0, 0),
+    ("heartbeats", 0, 0),
+]
+
+WRONG_FOR_INT = [True, False, "1", [1], {"n": 1}, None]
+WRONG_FOR_BOOL = [0, 1, "true", None, [], {}]
+WRONG_FOR_LIST = ["x", 1, None, {}, True]
+WRONG_FOR_ADDR = ["", 1, None, True, ["a"], "h" * (MAX_ADDR_LEN + 1)]
+
+WRONG_TYPE_CASES = (
+    [(p, v) for p in INT_FIELDS for v in WRONG_FOR_INT if not (p == ("deadline",) and v is None)]
+    + [(p, v) for p in BOOL_FIELDS for v in WRONG_FOR_BOOL]
+    + [(p, v) for p in LIST_FIELDS for v in WRONG_FOR_LIST]
+    + [(p, v) for p in ADDR_FIELDS for v in WRONG_FOR_ADDR]
+    + [(p, v) for p in INT_FIELDS if p != ("deadline",) and p[-1] != 3 for v in (-1, MAX_INT + 1)]
+    + [(p, v) for p in [("deadline",), ("heartbeats", 0, 3)] for v in (MIN_INT - 1, MAX_INT + 1)]
+    + [(("participants", 0, 3), v) for v in (-1, MAX_INT + 1)]
+)
+
+
+@pytest.mark.parametrize(
+    ("path", "value"), WRONG_TYPE_CASES, ids=[f"{p}={v!r}"[:60] for p, v in WRONG_TYPE_CASES]
+)
+def test_wrong_type_or_range_for_each_field(path: tuple[Any, ...], value: Any) -> None:
+    doc = _doc(SAMPLE)
+    _set(path, value)(doc)
+    with pytest.raises(CorruptState) as info:
+        decode(_bytes(doc))
+    assert str(path[0]) in str(info.value) or "node" in str(info.value)
+
+
+def test_boundary_values_are_accepted() -> None:
+    doc = _doc(SAMPLE)
+    doc["deadline"] = MIN_INT
+    doc["heartbeats"][0][3] = MAX_INT
+    doc["participants"][0][1] = MAX_INT
+    doc["round"] = MAX_INT
+    doc["participants"][0][0] = "h" * MAX_ADDR_LEN
+    state = decode(_bytes(doc))
+    assert state.deadline == MIN_INT and state.round == MAX_INT
+
+
+# -- named malformed cases with informative messages -----------------------------------------
+def _mutated(edit: Callable[[dict[str, Any]], None]) -> bytes:
+    doc = _doc(SAMPLE)
+    edit(doc)
+    return _bytes(doc)
+
+
+# fmt: off
+NAMED: list[tuple[str, bytes, str]] = [
+    ("empty", b"", "not a rdzv state"),
+    ("pickle", b"\x80\x04\x95\x00", "not a rdzv state"),
+    ("json-array", b"[1,2]", "not a rdzv state"),
+    ("leading-space", b" " + SAMPLE_BYTES, "not a rdzv state"),
+    ("deep-list-nesting", b"[" * 100_000, "not a rdzv state"),
+    ("deep-object-nesting", b'{"a":' * 100_000, "nested too deeply"),
+    ("deep-nesting-in-a-field", SAMPLE_BYTES[:-1] + b',"x":' + b"[" * 100_000, "nested"),
+    ("non-utf8", b'{"v":1,"\xff":0}', "invalid UTF-8 at byte 8"),
+    ("bad-json", b'{"v":1,', "invalid JSON"),
+    ("nan", SAMPLE_BYTES.replace(b'"deadline":null', b'"deadline":NaN'), "non-finite number NaN"),
+    ("infinity", SAMPLE_BYTES.replace(b'"deadline":null', b'"deadline":Infinity'),
+     "non-finite number Infinity"),
+    ("minus-infinity", SAMPLE_BYTES.replace(b'"deadline":null', b'"deadline":-Infinity'),
+     "non-finite number -Infinity"),
+    ("float", SAMPLE_BYTES.replace(b'"round":3', b'"round":3.0'), "non-integer number 3.0"),
+    ("exponent", SAMPLE_BYTES.replace(b'"round":3', b'"round":3e0'), "non-integer number 3e0"),
+    ("huge-int", SAMPLE_BYTES.replace(b'"round":3', b'"round":' + b"9" * 30),
+     "out of range"),
+    ("giant-int", SAMPLE_BYTES.replace(b'"round":3', b'"round":' + b"9" * 20_000), "corrupt"),
+    ("bool-round", _mutated(_set(("round",), True)), "round must be an integer, got bool"),
+    ("bool-pid", _mutated(_set(("wait_list", 0, 1), False)),
+     "wait_list[0] pid must be an integer, got bool"),
+    ("string-complete", _mutated(_set(("complete",), "yes")), "complete must be true or false"),
+    ("negative-rank", _mutated(_set(("participants", 1, 3), -1)),
+     "participants[1] rank = -1 is out of range"),
+    ("duplicate-key", SAMPLE_BYTES[:-1] + b',"round":4}', "duplicate key 'round'"),
+    ("duplicate-participant",
+     _mutated(lambda d: d["participants"].append(list(d["participants"][0]))),
+     "node a_1_0 appears twice in participants"),
+    ("duplicate-waiter", _mutated(lambda d: d["wait_list"].append(["c", 3, 0])),
+     "node c_3_0 appears twice in wait_list"),
+    ("duplicate-heartbeat", _mutated(lambda d: d["heartbeats"].append(["a", 1, 0, 5])),
+     "appears twice in heartbeats"),
+    ("short-node", _mutated(_set(("wait_list", 0), ["c", 3])), "wait_list[0] must have 3 fields"),
+    ("long-participant", _mutated(_set(("participants", 0), ["a", 1, 0, 0, 9])),
+     "participants[0] must have 4 fields, got 5"),
+    ("empty-addr", _mutated(_set(("wait_list", 0, 0), "")), "address must be a non-empty string"),
+    ("unknown-version", _mutated(_set(("v",), 2)), "unsupported version 2"),
+    ("version-zero", _mutated(_set(("v",), 0)), "unsupported version 0"),
+    ("version-true", _mutated(_set(("v",), True)), "unsupported version True"),
+    ("version-string", _mutated(_set(("v",), "1")), "unsupported version '1'"),
+    ("no-version", _mutated(lambda d: d.pop("v")), "no version field"),
+    ("missing-key", _mutated(lambda d: d.pop("closed")), "missing keys ['closed']"),
+    ("extra-key", _mutated(_set(("extra",), 1)), "unknown keys ['extra']"),
+    ("trailing-data", SAMPLE_BYTES + b"[", "invalid JSON (Extra data"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(
+    ("data", "message"), [(d, m) for _, d, m in NAMED], ids=[n for n, _, _ in NAMED]
+)
+def test_named_malformed_inputs(data: bytes, message: str) -> None:
+    with pytest.raises(CorruptState) as info:
+        decode(data)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["text", 42, None, ["x"]], ids=repr)
+def test_non_bytes_input(value: Any) -> None:
+    with pytest.raises(CorruptState, match="expected bytes"):
+        decode(value)
+
+
+def test_corrupt_state_is_a_value_error() -> None:
+    assert issubclass(CorruptState, ValueError)
+
+
+# -- size budget ------------------------------------------------------------------------------
+def _big_state(participants: int, waiting: int) -> RendezvousState:
+    wall = 1_812_345_678_901
+
+    def host(i: int) -> NodeId:
+        return NodeId(f"worker-{i:05d}.cluster.example.com", 100_000 + (i * 7919) % 899_999, 0)
+
+    members = [host(i) for i in range(participants)]
+    waiters = [host(participants + i) for i in range(waiting)]
+    return RendezvousState.build(
+        round=12,
+        complete=True,
+        participants={n: r for r, n in enumerate(sorted(members))},
+        wait_list=waiters,
+        last_heartbeats={n: wall + i for i, n in enumerate(members + waiters)},
+    )
+
+
+@pytest.mark.parametrize(
+    ("participants", "waiting", "budget"),
+    [(500, 500, 160_000), (5_000, 5_000, 1_600_000)],
+    ids=["500+500", "5000+5000"],
+)
+def test_state_size_budget(participants: int, waiting: int, budget: int) -> None:
+    state = _big_state(participants, waiting)
+    data = encode(state)
+    print(
+        f"\n{participants} participants + {waiting} waiting: {len(data):,} bytes "
+        f"(budget {budget:,}, {100 * len(data) / budget:.0f}%)"
+    )
+    assert len(data) <= budget
+    assert decode(data) == state
