@@ -24,14 +24,13 @@ import itertools
 import json
 from typing import Any, NoReturn
 
-from spec.state import NodeId, RendezvousState
+from spec.state import MAX_ADDR_LEN, MAX_ID, NodeId, RendezvousState
 
 VERSION = 1
-MAX_INT = 2**63 - 1
+MAX_INT = MAX_ID
 """Largest integer accepted anywhere in the state (fits a signed 64-bit field)."""
 MIN_INT = -(2**63)
 """Smallest time accepted (times may be negative in simulations)."""
-MAX_ADDR_LEN = 1024
 MAX_BYTES = 64 * 1024 * 1024
 """Refuse to parse anything larger: a state for 100,000 nodes is well below this."""
 

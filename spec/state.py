@@ -19,6 +19,11 @@ from dataclasses import dataclass, field
 Millis = int
 """Integer milliseconds. Wall-clock instants, monotonic instants and durations alike."""
 
+MAX_ID = 2**63 - 1
+"""Largest pid or local id (and the largest integer the codec accepts anywhere)."""
+MAX_ADDR_LEN = 1024
+"""Longest node address, in characters."""
+
 
 @dataclass(frozen=True, order=True)
 class NodeId:
@@ -31,6 +36,19 @@ class NodeId:
     addr: str
     pid: int
     local_id: int = 0
+
+    def __post_init__(self) -> None:
+        # Refuse identities the codec could not read back: a state holding one would
+        # make the store unreadable for every node.
+        if not isinstance(self.addr, str) or not 0 < len(self.addr) <= MAX_ADDR_LEN:
+            raise ValueError(
+                f"node address {self.addr!r} must be a non-empty string of at most "
+                f"{MAX_ADDR_LEN} characters; pass the host name or IP address"
+            )
+        for name in ("pid", "local_id"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
+                raise ValueError(f"node {name} {value!r} must be an integer in [0, 2**63-1]")
 
     def __str__(self) -> str:
         return f"{self.addr}_{self.pid}_{self.local_id}"

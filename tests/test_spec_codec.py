@@ -407,3 +407,18 @@ def test_state_size_budget(participants: int, waiting: int, budget: int) -> None
     )
     assert len(data) <= budget
     assert decode(data) == state
+
+
+@pytest.mark.parametrize(
+    ("addr", "pid", "local_id"),
+    [("", 1, 0), ("x" * 1025, 1, 0), ("h", -1, 0), ("h", 1, -1), ("h", True, 0), ("h", 2**63, 0)],
+)
+def test_node_ids_the_codec_cannot_read_back_are_refused(addr: str, pid: int, local_id: int) -> None:
+    with pytest.raises(ValueError, match="node"):
+        NodeId(addr, pid, local_id)
+
+
+def test_the_longest_allowed_address_round_trips() -> None:
+    node = NodeId("a" * 1024, 2**63 - 1, 2**63 - 1)
+    state = RendezvousState.build(participants={node: 0}, last_heartbeats={node: 5})
+    assert decode(encode(state)) == state
