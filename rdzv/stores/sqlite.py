@@ -1,0 +1,462 @@
+"""A store in one SQLite file (``sqlite:///abs/path.db``), shared by processes on one host.
+
+Theory of operation:
+
+- One table ``rdzv_kv(key TEXT PRIMARY KEY, value BLOB)``; values are raw bytes, never
+  decoded or unpickled. ``add`` keeps decimal ASCII digits, as torch does.
+- WAL journal mode, so readers never block the writer and vice versa; a writer waits up
+  to ``busy_timeout_ms`` for another writer, then the call raises
+  :class:`~rdzv.errors.RendezvousConnectionError` (a lock is reported, never waited on
+  forever).
+- Read-modify-write operations (``compare_set``, ``add``, ``multi_set``) run in
+  ``BEGIN IMMEDIATE`` transactions: the write lock is taken before the read, so two
+  processes can never both see the old value.
+- One connection per thread (sqlite3 connections must not be used by two threads at
+  once), opened lazily and closed by :meth:`SQLiteStore.close`; a process that forked
+  opens its own.
+- Blocking calls poll ``PRAGMA data_version`` (a counter that moves when another
+  connection commits; reading it costs no table access) with a backoff from
+  ``POLL_MIN_S`` to ``POLL_MAX_S``, and re-read the keys only when it moved. Writes made
+  through this same store object also wake local waiters at once through a condition.
+
+The file must be on a local filesystem (WAL needs shared memory between processes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import TypeVar
+from urllib.parse import unquote
+
+from rdzv.errors import RendezvousConnectionError
+from rdzv.store import DEFAULT_STORE_TIMEOUT, as_bytes
+from rdzv.stores.common import (
+    check_key,
+    check_keys,
+    check_pairs,
+    check_timeout,
+    encode_counter,
+    parse_counter,
+    timeout_error,
+    wait_seconds,
+)
+from rdzv.stores.url import StoreUrlError, split_query, split_url
+
+SCHEME = "sqlite"
+DEFAULT_BUSY_TIMEOUT_MS = 5_000
+# Poll backoff of blocking calls: starts at 1 ms after a change, doubles to at most 50 ms.
+POLL_MIN_S = 0.001
+POLL_MAX_S = 0.050
+# Keys per SELECT ... IN (...) statement (SQLite limits bound parameters per statement).
+_CHUNK = 500
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS rdzv_kv "
+    "(key TEXT PRIMARY KEY NOT NULL, value BLOB NOT NULL) WITHOUT ROWID"
+)
+_URL_PARAMS = ("busy_timeout_ms",)
+
+T = TypeVar("T")
+
+
+class _Local(threading.local):
+    conn: sqlite3.Connection | None = None
+    pid: int = -1
+
+
+class SQLiteStore:
+    """A store kept in the SQLite file at ``path`` (created with its table if missing)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        timeout: timedelta = DEFAULT_STORE_TIMEOUT,
+        busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+    ) -> None:
+        if not isinstance(busy_timeout_ms, int) or busy_timeout_ms < 0:
+            raise ValueError(f"busy_timeout_ms must be an int >= 0, got {busy_timeout_ms!r}")
+        self._path = os.path.abspath(os.fspath(path))
+        self._timeout = check_timeout(timeout)
+        self._busy_timeout_ms = busy_timeout_ms
+        self._local = _Local()
+        self._conns_lock = threading.Lock()
+        # (thread that owns it, pid that opened it, connection); pruned when threads end.
+        self._conns: list[tuple[weakref.ref[threading.Thread], int, sqlite3.Connection]] = []
+        self._closed = False
+        # Local writes wake local waiters at once; other processes are seen by polling.
+        self._cond = threading.Condition(threading.Lock())
+        self._local_writes = 0
+        self._conn()  # open now, so a bad path fails at open_store, not on first use
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def endpoint(self) -> str:
+        return f"{SCHEME}://{self._path}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._path!r})"
+
+    # -- connections -----------------------------------------------------------------
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._closed:
+            raise RendezvousConnectionError(
+                f"the SQLite store {self._path} was closed; open a new one with open_store()"
+            )
+        local = self._local
+        pid = os.getpid()
+        if local.conn is not None and local.pid == pid:
+            return local.conn
+        conn = self._connect()
+        local.conn, local.pid = conn, pid
+        with self._conns_lock:
+            keep = []
+            for owner, owner_pid, other in self._conns:
+                thread = owner()
+                if owner_pid != pid:
+                    continue  # inherited through fork: not ours to close
+                if thread is None or not thread.is_alive():
+                    other.close()
+                else:
+                    keep.append((owner, owner_pid, other))
+            keep.append((weakref.ref(threading.current_thread()), pid, conn))
+            self._conns = keep
+        return conn
+
+    def _connect(self) -> sqlite3.Connection:
+        directory = os.path.dirname(self._path)
+        if not os.path.isdir(directory):
+            raise RendezvousConnectionError(
+                f"cannot open the SQLite store {self._path}: directory {directory} does not "
+                "exist (or is not a directory); create it, or fix the path in the sqlite:// URL"
+            )
+        if os.path.isdir(self._path):
+            raise RendezvousConnectionError(
+                f"cannot open the SQLite store {self._path}: it is a directory; "
+                "point the sqlite:// URL at a file"
+            )
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = sqlite3.connect(
+                self._path,
+                timeout=self._busy_timeout_ms / 1000,
+                isolation_level=None,  # autocommit; transactions are explicit
+                check_same_thread=False,  # only close() touches another thread's connection
+            )
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms:d}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise RendezvousConnectionError(
+                    f"the SQLite store {self._path} could not use WAL mode (got {mode!r}); "
+                    "put the file on a local filesystem"
+                )
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute(_SCHEMA)
+        except BaseException as exc:
+            if conn is not None:
+                conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise self._error(exc, "opening the store") from exc
+            raise
+        return conn
+
+    def close(self) -> None:
+        """Close every connection this store opened in this process; later calls fail."""
+        self._closed = True
+        pid = os.getpid()
+        with self._conns_lock:
+            conns, self._conns = self._conns, []
+        for _, owner_pid, conn in conns:
+            if owner_pid == pid:
+                conn.close()
+
+    def _error(self, exc: sqlite3.Error, doing: str) -> RendezvousConnectionError:
+        text = str(exc)
+        low = text.lower()
+        directory = os.path.dirname(self._path)
+        if "locked" in low or "busy" in low:
+            return RendezvousConnectionError(
+                f"the SQLite store {self._path} is locked: {doing} waited "
+                f"{self._busy_timeout_ms} ms for another connection's lock ({text}); check for "
+                "a process holding a long transaction on this file, or raise busy_timeout_ms "
+                "(sqlite:///path?busy_timeout_ms=...)"
+            )
+        if "not a database" in low or "malformed" in low or "encrypted" in low:
+            return RendezvousConnectionError(
+                f"{self._path} is not a usable SQLite database ({text}) while {doing}; point "
+                "the sqlite:// URL at a new file or at one created by rdzv"
+            )
+        if any(w in low for w in ("unable to open", "readonly", "read-only", "disk i/o", "access")):
+            return RendezvousConnectionError(
+                f"cannot use the SQLite store {self._path} while {doing} ({text}); check that "
+                f"directory {directory} exists, that this user can write the file and the "
+                "directory (SQLite creates -wal and -shm files beside it), and that it is on "
+                "a local filesystem"
+            )
+        return RendezvousConnectionError(
+            f"the SQLite store {self._path} failed while {doing} ({type(exc).__name__}: "
+            f"{text}); check the file and its directory"
+        )
+
+    # -- primitives ------------------------------------------------------------------
+
+    def _run(self, doing: str, body: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``body`` in autocommit mode (each statement is its own transaction)."""
+        conn = self._conn()
+        try:
+            return body(conn)
+        except sqlite3.Error as exc:
+            raise self._error(exc, doing) from exc
+
+    def _write(self, doing: str, body: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``body`` in a ``BEGIN IMMEDIATE`` transaction; commit, or roll back."""
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = body(conn)
+                conn.execute("COMMIT")
+            finally:
+                if conn.in_transaction:  # body or COMMIT failed
+                    # The original error is the one to report.
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            raise self._error(exc, doing) from exc
+        self._wrote()
+        return result
+
+    def _wrote(self) -> None:
+        with self._cond:
+            self._local_writes += 1
+            self._cond.notify_all()
+
+    @staticmethod
+    def _fetch(conn: sqlite3.Connection, names: Sequence[str]) -> dict[str, bytes]:
+        unique = sorted(set(names))
+        if not unique:
+            return {}
+        found: dict[str, bytes] = {}
+        multi = len(unique) > _CHUNK
+        if multi:  # one snapshot across chunks
+            conn.execute("BEGIN")
+        try:
+            for start in range(0, len(unique), _CHUNK):
+                part = unique[start : start + _CHUNK]
+                marks = ",".join("?" * len(part))
+                rows = conn.execute(
+                    f"SELECT key, value FROM rdzv_kv WHERE key IN ({marks})", part
+                ).fetchall()
+                found.update((str(k), bytes(v)) for k, v in rows)
+        finally:
+            if multi and conn.in_transaction:
+                conn.execute("COMMIT")
+        return found
+
+    @staticmethod
+    def _get_one(conn: sqlite3.Connection, key: str) -> bytes | None:
+        row = conn.execute("SELECT value FROM rdzv_kv WHERE key = ?", (key,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def _poll(
+        self, doing: str, probe: Callable[[sqlite3.Connection], T | None], seconds: float
+    ) -> T | None:
+        """Return the first non-None ``probe`` result, or None once ``seconds`` passed.
+
+        Probes once, then again only after a commit by another connection
+        (``PRAGMA data_version`` moved) or a write through this store object. Bounded by
+        ``seconds``; each idle step sleeps ``POLL_MIN_S`` doubling to ``POLL_MAX_S``.
+        """
+        conn = self._conn()
+        deadline = time.monotonic() + seconds
+        delay = POLL_MIN_S
+        try:
+            while True:
+                with self._cond:
+                    local_seen = self._local_writes
+                version_seen = conn.execute("PRAGMA data_version").fetchone()[0]
+                result = probe(conn)
+                if result is not None:
+                    return result
+                while True:  # idle until something changed; bounded by the deadline
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return None
+                    with self._cond:
+                        if self._local_writes == local_seen:
+                            self._cond.wait(min(delay, remaining))
+                        local_changed = self._local_writes != local_seen
+                    version = conn.execute("PRAGMA data_version").fetchone()[0]
+                    if local_changed or version != version_seen:
+                        delay = POLL_MIN_S
+                        break
+                    delay = min(delay * 2, POLL_MAX_S)
+        except sqlite3.Error as exc:
+            raise self._error(exc, doing) from exc
+
+    # -- timeout ---------------------------------------------------------------------
+
+    @property
+    def timeout(self) -> timedelta:
+        return self._timeout
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._timeout = check_timeout(timeout)
+
+    # -- writes ----------------------------------------------------------------------
+
+    def set(self, key: str, value: bytes | str) -> None:
+        key, data = check_key(key), as_bytes(value)
+
+        def body(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT OR REPLACE INTO rdzv_kv (key, value) VALUES (?, ?)", (key, data))
+
+        self._run("set", body)  # one statement: atomic on its own
+        self._wrote()
+
+    def add(self, key: str, amount: int) -> int:
+        key = check_key(key)
+        if not isinstance(amount, int) or isinstance(amount, bool):
+            raise TypeError(f"add() needs an int amount, got {type(amount).__name__}")
+
+        def body(conn: sqlite3.Connection) -> int:
+            old = self._get_one(conn, key)
+            new = (0 if old is None else parse_counter(key, old)) + amount
+            conn.execute(
+                "INSERT OR REPLACE INTO rdzv_kv (key, value) VALUES (?, ?)",
+                (key, encode_counter(new)),
+            )
+            return new
+
+        return self._write("add", body)
+
+    def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
+        key, want, new = check_key(key), as_bytes(expected), as_bytes(desired)
+
+        def body(conn: sqlite3.Connection) -> bytes:
+            current = self._get_one(conn, key)
+            if current is None and want:
+                return want  # torch's answer for an absent key and a non-empty expectation
+            if current is None or current == want:
+                conn.execute(
+                    "INSERT OR REPLACE INTO rdzv_kv (key, value) VALUES (?, ?)", (key, new)
+                )
+                return new
+            return current
+
+        return self._write("compare_set", body)
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[bytes | str]) -> None:
+        names = check_keys(keys)
+        check_pairs(names, values)
+        rows = [(k, as_bytes(v)) for k, v in zip(names, values, strict=True)]
+
+        def body(conn: sqlite3.Connection) -> None:
+            conn.executemany("INSERT OR REPLACE INTO rdzv_kv (key, value) VALUES (?, ?)", rows)
+
+        self._write("multi_set", body)
+
+    def delete_key(self, key: str) -> bool:
+        key = check_key(key)
+
+        def body(conn: sqlite3.Connection) -> bool:
+            return conn.execute("DELETE FROM rdzv_kv WHERE key = ?", (key,)).rowcount > 0
+
+        found = self._run("delete_key", body)
+        if found:
+            self._wrote()
+        return found
+
+    # -- reads -----------------------------------------------------------------------
+
+    def check(self, keys: Sequence[str]) -> bool:
+        names = check_keys(keys)
+        found = self._run("check", lambda conn: self._fetch(conn, names))
+        return all(k in found for k in names)
+
+    def num_keys(self) -> int:
+        return self._run(
+            "num_keys", lambda conn: int(conn.execute("SELECT COUNT(*) FROM rdzv_kv").fetchone()[0])
+        )
+
+    def get(self, key: str) -> bytes:
+        return self.multi_get([key])[0]
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+        names = check_keys(keys)
+        seconds = wait_seconds(self._timeout)
+
+        def probe(conn: sqlite3.Connection) -> list[bytes] | None:
+            found = self._fetch(conn, names)
+            return [found[k] for k in names] if all(k in found for k in names) else None
+
+        values = self._poll("get", probe, seconds)
+        if values is None:
+            missing = self._run("get", lambda conn: self._fetch(conn, names))
+            raise timeout_error(self.endpoint, [k for k in names if k not in missing], seconds)
+        return values
+
+    def wait(self, keys: Sequence[str], timeout: timedelta | None = None) -> None:
+        names = check_keys(keys)
+        seconds = wait_seconds(self._timeout if timeout is None else timeout)
+
+        def probe(conn: sqlite3.Connection) -> bool | None:
+            found = self._fetch(conn, names)
+            return True if all(k in found for k in names) else None
+
+        if self._poll("wait", probe, seconds) is None:
+            found = self._run("wait", lambda conn: self._fetch(conn, names))
+            raise timeout_error(self.endpoint, [k for k in names if k not in found], seconds)
+
+    def wait_for_change(self, key: str, current: bytes | None, timeout: timedelta) -> bool:
+        key = check_key(key)
+        if current is not None:
+            current = as_bytes(current)
+
+        def probe(conn: sqlite3.Connection) -> bool | None:
+            return True if self._get_one(conn, key) != current else None
+
+        return self._poll("wait_for_change", probe, wait_seconds(timeout)) is True
+
+
+def open_sqlite(url: str, timeout: timedelta) -> SQLiteStore:
+    """Open ``sqlite:///abs/path.db`` (or ``sqlite://relative/path.db``, resolved now
+    against the current directory). Query parameter: ``busy_timeout_ms`` (default 5000).
+    """
+    scheme, rest = split_url(url)
+    if scheme != SCHEME:
+        raise StoreUrlError(f"not an sqlite:// URL: {url!r}")
+    raw_path, params = split_query(rest)
+    path = unquote(raw_path)
+    if not path or path == "/":
+        raise StoreUrlError(f"sqlite URL {url!r} names no file; use sqlite:///abs/path/to/store.db")
+    if path in (":memory:", "/:memory:") or path.startswith("file:"):
+        raise StoreUrlError(
+            f"sqlite URL {url!r} must name a file on disk (in-memory SQLite cannot be shared); "
+            "use memory://name for an in-process store"
+        )
+    unknown = sorted(set(params) - set(_URL_PARAMS))
+    if unknown:
+        raise StoreUrlError(
+            f"unknown query parameter(s) {unknown} in {url!r}; supported: {list(_URL_PARAMS)}"
+        )
+    busy = DEFAULT_BUSY_TIMEOUT_MS
+    if "busy_timeout_ms" in params:
+        text = params["busy_timeout_ms"]
+        if not text.isdigit() or not text.isascii():
+            raise StoreUrlError(
+                f"busy_timeout_ms must be a whole number of milliseconds >= 0, got {text!r}"
+            )
+        busy = int(text)
+    return SQLiteStore(path, timeout=timeout, busy_timeout_ms=busy)

@@ -1,0 +1,716 @@
+"""Test kit: the store conformance suite, and a fake clock.
+
+:func:`check_store` is the one conformance suite every :class:`~rdzv.store.Store` must
+pass; backends in this package run it, and so can yours::
+
+    from rdzv.testing import check_store
+
+    def test_my_store_conforms(tmp_path):
+        check_store(lambda: MyStore(...))                   # threads of one process
+        check_store(lambda: MyStore(...), url="my://...")   # ... and spawned processes
+
+``factory()`` must return a fresh, empty store each time (the suite calls it once per
+property, and closes the store afterwards if it has a ``close`` method). The first
+broken property raises ``AssertionError`` naming the property, the store and what was
+expected versus what happened; an unexpected exception from the store is reported the
+same way.
+
+Bounds: every thread and process the kit starts is joined (or terminated) before it
+returns. ``wake_within`` bounds how long a blocking call may take to notice a write made
+by another thread or process (default 5 s; a correct store needs milliseconds). Timeout
+checks use a store timeout of ``SHORT_TIMEOUT`` (50 ms), so no check sleeps long.
+
+:class:`FakeClock` (from :mod:`rdzv.clock`) is re-exported for tests that drive time.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import multiprocessing
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from rdzv.clock import FakeClock
+from rdzv.errors import StoreTimeoutError
+from rdzv.store import PrefixStore, Store
+from rdzv.stores import open_store
+
+__all__ = [
+    "SHORT_TIMEOUT",
+    "FakeClock",
+    "check_store",
+    "check_store_across_processes",
+]
+
+SHORT_TIMEOUT = timedelta(milliseconds=50)
+"""The store timeout used where the suite expects a wait to run out."""
+WRITE_DELAY_S = 0.02
+"""A writer thread waits this long before writing, so the waiter is usually blocked by
+then (the checks hold either way: an early write is seen at once)."""
+MAX_CAS_ATTEMPTS = 1_000
+"""Bound on compare_set attempts for one increment under contention."""
+CONCURRENT_WORK_S = 60.0
+"""Bound on the concurrent add/CAS phase of threads (a correct store needs well under 1 s)."""
+PROCESS_STOP_S = 5.0
+"""After a failure, how long a child process gets to exit after terminate() before kill()."""
+LIVENESS_CHECK_S = 0.5
+"""While waiting for children to start, how often the kit checks that none has died."""
+
+StoreFactory = Callable[[], Store]
+
+
+@dataclass(frozen=True)
+class _Config:
+    threads: int
+    increments: int
+    wake_within: timedelta
+
+    @property
+    def wake_s(self) -> float:
+        return self.wake_within.total_seconds()
+
+
+class _Broken(AssertionError):
+    """A property failed; the runner adds the property's name and the store."""
+
+
+def _expect(ok: bool, message: str) -> None:
+    # Explicit raise rather than ``assert``: the kit must work under ``python -O``.
+    if not ok:
+        raise _Broken(message)
+
+
+def _expect_eq(actual: object, expected: object, what: str) -> None:
+    _expect(actual == expected, f"{what}: expected {expected!r}, got {actual!r}")
+
+
+def _expect_timeout(call: Callable[[], object], what: str) -> None:
+    try:
+        result = call()
+    except StoreTimeoutError:
+        return
+    raise _Broken(f"{what} must raise StoreTimeoutError, but returned {result!r}")
+
+
+def _close(store: object) -> None:
+    close = getattr(store, "close", None)
+    if callable(close):
+        close()
+
+
+# -- threads -------------------------------------------------------------------------
+
+
+class _Worker:
+    """A daemon thread whose exception is kept for the kit to re-raise."""
+
+    def __init__(self, name: str, target: Callable[[], None], delay: float = 0.0) -> None:
+        self.error: BaseException | None = None
+        self._target = target
+        self._delay = delay
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            if self._delay:
+                time.sleep(self._delay)
+            self._target()
+        except BaseException as exc:
+            self.error = exc
+
+    def start(self) -> _Worker:
+        self.thread.start()
+        return self
+
+
+def _join_all(workers: Sequence[_Worker], within: float, what: str) -> None:
+    """Join every worker (bounded by ``within`` in total); re-raise the first error."""
+    deadline = time.monotonic() + within
+    for worker in workers:
+        worker.thread.join(max(0.0, deadline - time.monotonic()))
+    stuck = [w.thread.name for w in workers if w.thread.is_alive()]
+    _expect(not stuck, f"{what}: thread(s) {stuck} did not finish within {within:.3g} s")
+    for worker in workers:
+        if worker.error is not None:
+            if isinstance(worker.error, AssertionError):
+                raise _Broken(f"{what}: in thread {worker.thread.name}: {worker.error}")
+            raise _Broken(
+                f"{what}: thread {worker.thread.name} raised "
+                f"{type(worker.error).__name__}: {worker.error}"
+            ) from worker.error
+
+
+def _after_delay(name: str, action: Callable[[], None]) -> _Worker:
+    return _Worker(name, action, delay=WRITE_DELAY_S).start()
+
+
+def _timed(call: Callable[[], object]) -> tuple[object, float]:
+    start = time.monotonic()
+    result = call()
+    return result, time.monotonic() - start
+
+
+# -- the properties (each gets a fresh, empty store) ------------------------------------
+
+
+def _empty(store: Store, cfg: _Config) -> None:
+    _expect_eq(store.num_keys(), 0, "num_keys() of a fresh store from the factory")
+    _expect_eq(store.check(["k"]), False, "check(['k']) on an empty store")
+    _expect_eq(store.check([]), True, "check([]) (no keys: vacuously present)")
+
+
+def _timeout_property(store: Store, cfg: _Config) -> None:
+    store.set_timeout(SHORT_TIMEOUT)
+    _expect_eq(store.timeout, SHORT_TIMEOUT, "timeout after set_timeout(50 ms)")
+    store.set_timeout(timedelta(seconds=7))
+    _expect_eq(store.timeout, timedelta(seconds=7), "timeout after set_timeout(7 s)")
+
+
+def _set_and_get(store: Store, cfg: _Config) -> None:
+    store.set("k", b"v1")
+    got = store.get("k")
+    _expect(type(got) is bytes, f"get() must return bytes, got {type(got).__name__}")
+    _expect_eq(got, b"v1", "get('k') after set('k', b'v1')")
+    store.set("k", b"v2")
+    _expect_eq(store.get("k"), b"v2", "get('k') after overwriting with b'v2'")
+    every_byte = bytes(range(256))
+    store.set("binary", every_byte)
+    _expect_eq(store.get("binary"), every_byte, "a value holding every byte 0..255")
+    store.set("empty", b"")
+    _expect_eq(store.get("empty"), b"", "an empty value")
+    _expect_eq(store.check(["empty"]), True, "check() of a key holding an empty value")
+    store.set("text", "h\u00e9llo \u2713")
+    _expect_eq(store.get("text"), "h\u00e9llo \u2713".encode(), "a str value (stored as UTF-8)")
+    store.set("key with spaces/and/slashes \u00e9", b"x")
+    _expect_eq(store.get("key with spaces/and/slashes \u00e9"), b"x", "an unusual key")
+    _expect_eq(store.num_keys(), 5, "num_keys() after writing 5 distinct keys")
+
+
+def _missing_keys_time_out(store: Store, cfg: _Config) -> None:
+    store.set_timeout(SHORT_TIMEOUT)
+    store.set("present", b"p")
+    _expect_timeout(lambda: store.get("missing"), "get() of a missing key")
+    _expect_timeout(
+        lambda: store.multi_get(["present", "missing"]), "multi_get() with a missing key"
+    )
+    _expect_timeout(lambda: store.wait(["missing"]), "wait() on a missing key (store timeout)")
+    _expect_timeout(
+        lambda: store.wait(["present", "missing"], timedelta(milliseconds=10)),
+        "wait() with an explicit 10 ms timeout and a missing key",
+    )
+    store.wait(["present"])
+    store.wait([])
+    store.wait(["present"], timedelta(0))
+    _expect_eq(store.check(["missing"]), False, "check() after a failed get (no side effect)")
+
+
+def _blocking_reads_wake(store: Store, cfg: _Config) -> None:
+    # The store timeout is longer than wake_within, so returning only at the timeout fails.
+    store.set_timeout(cfg.wake_within * 2)
+    writer = _after_delay("writer", lambda: store.set("late", b"here"))
+    try:
+        got, took = _timed(lambda: store.get("late"))
+    finally:
+        _join_all([writer], cfg.wake_s, "get() waking on a write")
+    _expect_eq(got, b"here", "get() of a key another thread writes while it waits")
+    _expect(took <= cfg.wake_s, f"get() took {took:.3g} s to see a write (> {cfg.wake_s} s)")
+
+    store.set("a", b"1")
+    writer = _after_delay("writer", lambda: store.multi_set(["b", "c"], [b"2", b"3"]))
+    try:
+        _, took = _timed(lambda: store.wait(["a", "b", "c"]))
+    finally:
+        _join_all([writer], cfg.wake_s, "wait() waking on a write")
+    _expect(took <= cfg.wake_s, f"wait() took {took:.3g} s to see a write (> {cfg.wake_s} s)")
+    _expect_eq(store.multi_get(["a", "b", "c"]), [b"1", b"2", b"3"], "values after the wait")
+
+
+def _compare_set(store: Store, cfg: _Config) -> None:
+    got = store.compare_set("k", b"", b"first")
+    _expect_eq(got, b"first", "compare_set(absent key, expected=b'', desired) return")
+    _expect_eq(store.get("k"), b"first", "value after compare_set created the key")
+
+    got = store.compare_set("k", b"first", b"second")
+    _expect_eq(got, b"second", "compare_set with the matching expected value: return")
+    _expect_eq(store.get("k"), b"second", "value after a matching compare_set")
+
+    got = store.compare_set("k", b"first", b"third")
+    _expect_eq(got, b"second", "compare_set with a stale expected value must return the current")
+    _expect_eq(
+        store.get("k"), b"second", "a compare_set with a stale expected value must not store"
+    )
+
+    got = store.compare_set("k", b"", b"fourth")
+    _expect_eq(got, b"second", "compare_set(present key, expected=b'') must return the current")
+    _expect_eq(store.get("k"), b"second", "compare_set(present key, expected=b'') must not store")
+
+    got = store.compare_set("absent", b"guess", b"new")
+    _expect_eq(got, b"guess", "compare_set(absent key, non-empty expected) returns expected")
+    _expect_eq(store.check(["absent"]), False, "compare_set(absent, non-empty) must not create")
+
+    store.set("e", b"")
+    got = store.compare_set("e", b"", b"filled")
+    _expect_eq(got, b"filled", "compare_set(key holding b'', expected=b'') must match")
+
+    got = store.compare_set("k", "second", "\u00fcber")
+    _expect(type(got) is bytes, f"compare_set() must return bytes, got {type(got).__name__}")
+    _expect_eq(got, "\u00fcber".encode(), "compare_set with str expected/desired (UTF-8)")
+    _expect_eq(store.get("k"), "\u00fcber".encode(), "value after a str compare_set")
+    got = store.compare_set("k", "stale", b"x")
+    _expect_eq(got, "\u00fcber".encode(), "compare_set with a stale str expected value")
+
+
+def _add(store: Store, cfg: _Config) -> None:
+    _expect_eq(store.add("n", 5), 5, "add() on a missing key starts from 0")
+    _expect_eq(store.get("n"), b"5", "add() stores decimal ASCII digits")
+    _expect_eq(store.add("n", 2), 7, "add(2) after 5")
+    _expect_eq(store.add("n", -10), -3, "add() with a negative amount")
+    _expect_eq(store.get("n"), b"-3", "a negative counter as ASCII")
+    _expect_eq(store.add("zero", 0), 0, "add(missing, 0)")
+    _expect_eq(store.check(["zero"]), True, "add(missing, 0) creates the key")
+    store.set("digits", b"41")
+    _expect_eq(store.add("digits", 1), 42, "add() on a key set to ASCII digits")
+    big = 2**62
+    _expect_eq(store.add("big", big), big, "add() of a large amount")
+    _expect_eq(store.get("big"), str(big).encode(), "a large counter as ASCII")
+
+
+def _multi(store: Store, cfg: _Config) -> None:
+    store.multi_set(["a", "b", "c"], [b"1", "2", b""])
+    _expect_eq(store.multi_get(["c", "a", "b"]), [b"", b"1", b"2"], "multi_get keeps key order")
+    _expect_eq(store.multi_get(["a", "a"]), [b"1", b"1"], "multi_get with a repeated key")
+    _expect_eq(store.multi_get([]), [], "multi_get([])")
+    store.multi_set(["a"], [b"10"])
+    _expect_eq(store.get("a"), b"10", "multi_set overwrites")
+    store.multi_set([], [])
+    _expect_eq(store.num_keys(), 3, "num_keys() after multi_set of 3 keys")
+    _expect_eq(store.get("b"), b"2", "a str value written by multi_set")
+
+
+def _delete_and_count(store: Store, cfg: _Config) -> None:
+    store.set_timeout(SHORT_TIMEOUT)
+    store.set("a", b"1")
+    store.set("b", b"2")
+    store.set("a", b"3")
+    _expect_eq(store.num_keys(), 2, "num_keys() counts keys, not writes")
+    _expect_eq(store.delete_key("a"), True, "delete_key() of a present key")
+    _expect_eq(store.check(["a"]), False, "check() after delete_key()")
+    _expect_eq(store.check(["b"]), True, "delete_key() must leave other keys")
+    _expect_eq(store.num_keys(), 1, "num_keys() after delete_key()")
+    _expect_eq(store.delete_key("a"), False, "delete_key() of a missing key")
+    _expect_timeout(lambda: store.get("a"), "get() of a deleted key")
+    got = store.compare_set("a", b"", b"again")
+    _expect_eq(got, b"again", "compare_set(expected=b'') on a deleted key")
+    _expect_eq(store.check(["a", "b"]), True, "check() of two present keys")
+    _expect_eq(store.check(["a", "b", "c"]), False, "check() with one missing key")
+
+
+def _wait_for_change_immediate(store: Store, cfg: _Config) -> None:
+    short = SHORT_TIMEOUT
+    long = cfg.wake_within
+    _expect_eq(store.wait_for_change("k", None, short), False, "absent key, current=None")
+    _expect_eq(store.wait_for_change("k", b"x", long), True, "absent key, current=b'x'")
+    store.set("k", b"v")
+    _expect_eq(store.wait_for_change("k", b"v", short), False, "unchanged value times out")
+    _expect_eq(store.wait_for_change("k", None, long), True, "present key, current=None")
+    _expect_eq(store.wait_for_change("k", b"old", long), True, "different value")
+    _expect_eq(store.wait_for_change("k", b"v", timedelta(0)), False, "zero timeout, unchanged")
+    store.set("e", b"")
+    _expect_eq(store.wait_for_change("e", b"", short), False, "b'' is a value, not absence")
+    _expect_eq(store.wait_for_change("e", None, long), True, "b'' differs from absent")
+
+
+def _wait_for_change_wakes(store: Store, cfg: _Config) -> None:
+    long = cfg.wake_within * 2  # returning only at this timeout fails the wake_within check
+
+    def update() -> None:
+        store.set("k", b"v2")
+
+    def swap() -> None:
+        store.compare_set("k", b"v2", b"v3")
+
+    def delete() -> None:
+        store.delete_key("k")
+
+    def create() -> None:
+        store.add("k", 1)
+
+    cases: list[tuple[str, bytes | None, Callable[[], None], bytes | None]] = [
+        ("an update", b"v1", update, b"v2"),
+        ("a compare_set", b"v2", swap, b"v3"),
+        ("a delete", b"v3", delete, None),
+        ("a creation", None, create, b"1"),
+    ]
+    store.set("k", b"v1")
+    for what, current, write, after in cases:
+        writer = _after_delay("writer", write)
+        try:
+            start = time.monotonic()
+            woke = store.wait_for_change("k", current, long)
+            took = time.monotonic() - start
+        finally:
+            _join_all([writer], cfg.wake_s, f"wait_for_change() and {what}")
+        _expect_eq(woke, True, f"wait_for_change() while another thread makes {what}")
+        _expect(
+            took <= cfg.wake_s,
+            f"wait_for_change() took {took:.3g} s to notice {what} (> {cfg.wake_s} s)",
+        )
+        now = store.get("k") if store.check(["k"]) else None
+        _expect_eq(now, after, f"value after {what}")
+
+
+def _wait_for_change_ignores_no_change(store: Store, cfg: _Config) -> None:
+    store.set("k", b"same")
+    stop = threading.Event()
+
+    def rewrite() -> None:
+        for i in range(200):  # bound: ~0.4 s of rewrites at most
+            if stop.is_set():
+                return
+            store.set("k", b"same")
+            store.set("other", str(i))
+            stop.wait(0.002)
+
+    writer = _Worker("rewriter", rewrite).start()
+    try:
+        woke = store.wait_for_change("k", b"same", timedelta(milliseconds=100))
+    finally:
+        stop.set()
+        _join_all([writer], cfg.wake_s, "rewriting the same value")
+    _expect_eq(
+        woke,
+        False,
+        "wait_for_change() while others rewrite the same value and write other keys "
+        "(True is allowed only when the value really differs)",
+    )
+
+
+def _prefix_isolation(store: Store, cfg: _Config) -> None:
+    a, b = PrefixStore("a", store), PrefixStore("b", store)
+    a.set_timeout(SHORT_TIMEOUT)
+    a.set("k", b"in a")
+    b.set("k", b"in b")
+    _expect_eq(a.get("k"), b"in a", "PrefixStore('a') sees its own value")
+    _expect_eq(b.get("k"), b"in b", "PrefixStore('b') sees its own value")
+    _expect_eq(store.get("a/k"), b"in a", "the underlying key of PrefixStore('a').set('k')")
+    a.set("only-a", b"1")
+    _expect_eq(b.check(["only-a"]), False, "a key of prefix a must be invisible in prefix b")
+    _expect_timeout(lambda: b.get("only-a"), "get() through prefix b of a key of prefix a")
+    _expect_eq(a.compare_set("k", b"in a", b"a2"), b"a2", "compare_set through prefix a")
+    _expect_eq(b.get("k"), b"in b", "compare_set through prefix a must not touch prefix b")
+    _expect_eq(a.add("n", 3), 3, "add through prefix a")
+    _expect_eq(b.add("n", 1), 1, "add through prefix b is a separate counter")
+    a.multi_set(["x", "y"], [b"1", b"2"])
+    _expect_eq(b.check(["x"]), False, "multi_set through prefix a must not write prefix b")
+    _expect_eq(b.delete_key("k"), True, "delete_key through prefix b")
+    _expect_eq(a.get("k"), b"a2", "delete_key through prefix b must not delete prefix a's key")
+    writer = _after_delay("writer", lambda: b.set("w", b"b"))
+    try:
+        woke = a.wait_for_change("w", None, timedelta(milliseconds=150))
+    finally:
+        _join_all([writer], cfg.wake_s, "writing through prefix b")
+    _expect_eq(woke, False, "a write through prefix b must not wake a waiter in prefix a")
+
+
+def _concurrent_add(store: Store, cfg: _Config) -> None:
+    n, m = cfg.threads, cfg.increments
+    start = threading.Barrier(n, timeout=cfg.wake_s)
+    results: list[list[int]] = [[] for _ in range(n)]
+
+    def adder(i: int) -> None:
+        start.wait()
+        results[i].extend(store.add("count", 1) for _ in range(m))
+
+    workers = [_Worker(f"adder-{i}", functools.partial(adder, i)).start() for i in range(n)]
+    _join_all(workers, cfg.wake_s + CONCURRENT_WORK_S, "concurrent add()")
+    _expect_eq(store.get("count"), str(n * m).encode(), f"counter after {n}x{m} concurrent add(1)")
+    seen = sorted(v for r in results for v in r)
+    _expect_eq(seen, list(range(1, n * m + 1)), "the values add() returned (each exactly once)")
+
+
+def _count_of(value: bytes) -> int:
+    head = value.split(b":", 1)[0]
+    _expect(head.isdigit(), f"the CAS counter holds {value!r}, not a value the kit wrote")
+    return int(head)
+
+
+def _cas_increment(store: Store, key: str, tag: str) -> int:
+    """Increment the counter at ``key`` by one with a get + compare_set loop.
+
+    Values look like ``b"<count>:<tag>:<attempt>"``; ``tag`` must be unique per call,
+    so a desired value is never written twice and ``compare_set`` returning it proves
+    this call's write won. Bounded by :data:`MAX_CAS_ATTEMPTS`. Returns the attempts used.
+    """
+    for attempt in range(1, MAX_CAS_ATTEMPTS + 1):
+        current = store.get(key)
+        desired = f"{_count_of(current) + 1}:{tag}:{attempt}".encode()
+        got = store.compare_set(key, current, desired)
+        if got == desired:
+            return attempt
+        _expect(
+            got != current,
+            f"compare_set({key!r}, {current!r}, ...) did not store, yet returned the expected "
+            "value as the current one",
+        )
+    raise _Broken(f"increment {tag} did not succeed within {MAX_CAS_ATTEMPTS} CAS attempts")
+
+
+def _concurrent_cas(store: Store, cfg: _Config) -> None:
+    n, m = cfg.threads, cfg.increments
+    store.set("counter", b"0:init")
+    start = threading.Barrier(n, timeout=cfg.wake_s)
+
+    def incrementer(i: int) -> None:
+        start.wait()
+        for j in range(m):
+            _cas_increment(store, "counter", f"t{i}.{j}")
+
+    workers = [_Worker(f"cas-{i}", functools.partial(incrementer, i)).start() for i in range(n)]
+    _join_all(workers, cfg.wake_s + CONCURRENT_WORK_S, "concurrent compare_set increments")
+    _expect_eq(
+        _count_of(store.get("counter")),
+        n * m,
+        f"counter after {n}x{m} CAS increments (lost updates?)",
+    )
+
+
+_PROPERTIES: tuple[tuple[str, Callable[[Store, _Config], None]], ...] = (
+    ("a fresh store is empty", _empty),
+    ("timeout / set_timeout", _timeout_property),
+    ("set and get", _set_and_get),
+    ("missing keys time out with StoreTimeoutError", _missing_keys_time_out),
+    ("get/wait wake on a write from another thread", _blocking_reads_wake),
+    ("compare_set contract", _compare_set),
+    ("add", _add),
+    ("multi_get / multi_set", _multi),
+    ("delete_key, check and num_keys", _delete_and_count),
+    ("wait_for_change returns at once or times out", _wait_for_change_immediate),
+    ("wait_for_change wakes on a write from another thread", _wait_for_change_wakes),
+    ("wait_for_change ignores writes that change nothing", _wait_for_change_ignores_no_change),
+    ("PrefixStore isolation", _prefix_isolation),
+    ("concurrent add() loses no update", _concurrent_add),
+    ("concurrent compare_set increments lose no update", _concurrent_cas),
+)
+
+
+def check_store(
+    factory: StoreFactory,
+    *,
+    url: str | None = None,
+    opener: str | None = None,
+    threads: int = 4,
+    increments: int = 50,
+    processes: int = 3,
+    wake_within: timedelta = timedelta(seconds=5),
+) -> None:
+    """Run the conformance suite on stores made by ``factory``; raise on the first failure.
+
+    ``threads`` threads each do ``increments`` ``add`` and CAS increments. When ``url``
+    is given, :func:`check_store_across_processes` also runs on it (``opener`` and
+    ``processes`` are passed on).
+    """
+    if threads < 2 or increments < 1:
+        raise ValueError(f"need threads >= 2 and increments >= 1, got {threads}, {increments}")
+    cfg = _Config(threads=threads, increments=increments, wake_within=wake_within)
+    for name, prop in _PROPERTIES:
+        store = factory()
+        try:
+            _expect(
+                isinstance(store, Store),
+                f"factory() returned {type(store).__name__}, which lacks Store methods",
+            )
+            _expect_eq(store.num_keys(), 0, "num_keys() of a store from factory() (must be empty)")
+            prop(store, cfg)
+        except AssertionError as exc:
+            raise AssertionError(f"store conformance: {name!r} failed for {store!r}: {exc}") from (
+                None if isinstance(exc, _Broken) else exc
+            )
+        except Exception as exc:
+            raise AssertionError(
+                f"store conformance: {name!r}: {store!r} raised {type(exc).__name__}: {exc}"
+            ) from exc
+        finally:
+            _close(store)
+    if url is not None:
+        check_store_across_processes(
+            url, opener=opener, processes=processes, increments=increments, wake_within=wake_within
+        )
+
+
+# -- processes ---------------------------------------------------------------------------
+
+
+def _open(url: str, opener: str | None, timeout: timedelta) -> Store:
+    if opener is None:
+        return open_store(url, timeout=timeout)
+    module, _, name = opener.partition(":")
+    fn = getattr(importlib.import_module(module), name)
+    store = fn(url, timeout)
+    _expect(isinstance(store, Store), f"opener {opener!r} returned {store!r}, not a Store")
+    return store  # type: ignore[no-any-return]
+
+
+def _child_main(
+    url: str, opener: str | None, prefix: str, index: int, increments: int, wait_s: float
+) -> None:
+    """A child process of :func:`check_store_across_processes` (spawned; args are str/int).
+
+    Announces itself (``add("ready", 1)``), blocks until the parent writes ``go`` (a
+    wake-up across processes), then increments; reports ``ok`` or the error under
+    ``done/<index>`` and exits 0 or 1.
+    """
+    base = _open(url, opener, timedelta(seconds=wait_s))
+    store = PrefixStore(prefix, base)
+    try:
+        store.add("ready", 1)
+        store.wait(["go"])
+        for j in range(increments):
+            store.add("added", 1)
+            _cas_increment(store, "counter", f"p{index}.{j}")
+        store.set(f"done/{index}", b"ok")
+    except BaseException as exc:
+        traceback.print_exc()
+        try:
+            store.set(f"done/{index}", f"{type(exc).__name__}: {exc}")
+        finally:
+            sys.exit(1)
+    finally:
+        _close(base)
+
+
+class _ProcessCheckFailed(AssertionError):
+    pass
+
+
+def check_store_across_processes(
+    url: str,
+    *,
+    opener: str | None = None,
+    processes: int = 3,
+    increments: int = 20,
+    wake_within: timedelta = timedelta(seconds=5),
+    start_within: timedelta = timedelta(seconds=60),
+) -> None:
+    """Spawn ``processes`` children that reopen ``url``; check wake-ups and lost updates.
+
+    Each child announces itself, waits for the parent's ``go`` (the parent sleeps in
+    ``wait_for_change`` until every child announced, and each child in ``wait``: both
+    are wake-ups across processes), then does ``increments`` ``add(1)`` and CAS
+    increments on shared counters; no update may be lost.
+
+    The store is opened with :func:`rdzv.stores.open_store`, or with ``opener``, a
+    ``"module:function"`` reference to a ``(url, timeout) -> Store`` callable importable
+    in a fresh interpreter. Keys live under a fresh prefix, so ``url`` may name a shared
+    server; they are deleted afterwards. Children are started with the ``spawn``
+    context and receive only strings and ints. Bounds: children must announce
+    themselves within ``start_within`` (interpreter start-up) and finish within
+    ``wake_within`` per increment after that; the kit terminates any child left.
+    """
+    if processes < 2 or increments < 1:
+        raise ValueError(f"need processes >= 2 and increments >= 1, got {processes}, {increments}")
+    if opener is None and url.lower().startswith("memory:"):
+        raise ValueError(
+            f"{url!r}: a memory:// store is private to its process, so child processes "
+            "cannot share it; use a store that processes share (e.g. sqlite:///path.db)"
+        )
+    start_s = start_within.total_seconds()
+    work_s = wake_within.total_seconds() * (increments + 2)
+    base = _open(url, opener, timedelta(seconds=start_s + work_s))
+    prefix = f"rdzv-conformance/{uuid.uuid4().hex}"
+    store = PrefixStore(prefix, base)
+    keys = ["ready", "go", "counter", "added"] + [f"done/{i}" for i in range(processes)]
+    ctx = multiprocessing.get_context("spawn")
+    children = [
+        ctx.Process(
+            target=_child_main,
+            args=(url, opener, prefix, i, increments, start_s + work_s),
+            name=f"rdzv-conformance-{i}",
+            daemon=True,
+        )
+        for i in range(processes)
+    ]
+
+    def fail(what: str) -> _ProcessCheckFailed:
+        return _ProcessCheckFailed(f"store conformance across processes ({url}): {what}")
+
+    def exited_early() -> None:
+        for i, child in enumerate(children):
+            if not child.is_alive():
+                report = store.get(f"done/{i}") if store.check([f"done/{i}"]) else None
+                raise fail(
+                    f"child {i} exited with code {child.exitcode} before the others were "
+                    f"ready, reporting {report!r} (its traceback is on stderr)"
+                )
+
+    try:
+        store.set("counter", b"0:init")
+        for child in children:
+            child.start()
+        # Wait for every child to announce itself; bounded by start_within, in slices of
+        # LIVENESS_CHECK_S so a child that dies is reported at once.
+        deadline = time.monotonic() + start_s
+        while True:
+            ready = store.get("ready") if store.check(["ready"]) else None
+            if ready is not None and int(ready) >= processes:
+                break
+            exited_early()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise fail(
+                    f"only {int(ready or 0)} of {processes} children announced themselves within "
+                    f"{start_s:.3g} s (slow start-up, or a write that other processes never see)"
+                )
+            step = timedelta(seconds=min(remaining, LIVENESS_CHECK_S))
+            store.wait_for_change("ready", ready, step)
+        store.set("go", b"1")
+        deadline = time.monotonic() + work_s
+        # Bounded by the deadline. join() blocks until the child is reaped; a loop over
+        # is_alive() and sentinels can see a sentinel ready before the child is reaped.
+        for child in children:
+            child.join(max(0.0, deadline - time.monotonic()))
+        stuck = [c.name for c in children if c.is_alive()]
+        if stuck:
+            raise fail(
+                f"children {stuck} did not finish within {work_s:.3g} s after 'go' (a lost "
+                "wake-up across processes, or a lock that is never released?)"
+            )
+        for i, child in enumerate(children):
+            report = store.get(f"done/{i}") if store.check([f"done/{i}"]) else None
+            if child.exitcode != 0 or report != b"ok":
+                raise fail(
+                    f"child {i} exited with code {child.exitcode}, reporting {report!r} "
+                    "(its traceback is on stderr)"
+                )
+        total = processes * increments
+        added = store.get("added")
+        if added != str(total).encode():
+            raise fail(f"{processes}x{increments} add(1) left {added!r}, expected {total}")
+        counter = _count_of(store.get("counter"))
+        if counter != total:
+            raise fail(
+                f"{processes}x{increments} CAS increments reached {counter}, expected {total} "
+                "(lost updates: compare_set is not atomic across processes)"
+            )
+    except _Broken as exc:
+        raise fail(str(exc)) from None
+    finally:
+        for child in children:
+            if child.is_alive():
+                child.terminate()
+                child.join(PROCESS_STOP_S)
+            if child.is_alive():
+                child.kill()
+            if child.pid is not None:
+                child.join(PROCESS_STOP_S)
+        try:
+            for key in keys:
+                store.delete_key(key)
+        finally:
+            _close(base)

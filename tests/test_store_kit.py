@@ -1,0 +1,260 @@
+"""The conformance kit fails loudly: each deliberately broken store below is caught.
+
+Each broken store is a correct store with one planted bug; the test names the property
+that must catch it. The racy ones meet at a barrier inside the broken operation, so
+the lost update happens on every run (no reliance on thread scheduling luck).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from rdzv.store import Store
+from rdzv.stores import MemoryStore, SQLiteStore
+from rdzv.stores.sqlite import open_sqlite
+from rdzv.testing import check_store, check_store_across_processes
+
+QUICK = timedelta(milliseconds=200)  # wake_within for broken stores: fail fast
+THREADS = 4
+
+
+class OverwritingCompareSet(MemoryStore):
+    def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
+        self.set(key, desired)
+        return self.get(key)
+
+
+class SleepsThroughWaitForChange(MemoryStore):
+    """Never woken by a write: sleeps the whole timeout, then looks."""
+
+    def wait_for_change(self, key: str, current: bytes | None, timeout: timedelta) -> bool:
+        threading.Event().wait(timeout.total_seconds())
+        return super().wait_for_change(key, current, timedelta(0))
+
+
+class WaitForChangeAlwaysFalse(MemoryStore):
+    def wait_for_change(self, key: str, current: bytes | None, timeout: timedelta) -> bool:
+        threading.Event().wait(min(timeout.total_seconds(), 0.05))
+        return False
+
+
+class WakesOnAnyWrite(MemoryStore):
+    """Returns True after any write at all, like a version counter read without re-checking."""
+
+    def wait_for_change(self, key: str, current: bytes | None, timeout: timedelta) -> bool:
+        if super().wait_for_change(key, current, timedelta(0)):
+            return True
+        with self._shared.cond:
+            return self._shared.cond.wait(timeout.total_seconds())
+
+
+class GetSleepsThroughTimeout(MemoryStore):
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+        if not self.check(keys):
+            threading.Event().wait(self.timeout.total_seconds())
+        return super().multi_get(keys)
+
+
+class GetOfMissingReturnsEmpty(MemoryStore):
+    def get(self, key: str) -> bytes:
+        return super().get(key) if self.check([key]) else b""
+
+
+class BinaryCounter(MemoryStore):
+    def add(self, key: str, amount: int) -> int:
+        old = int.from_bytes(self.get(key), "big", signed=True) if self.check([key]) else 0
+        self.set(key, (old + amount).to_bytes(16, "big", signed=True))
+        return old + amount
+
+
+class CollapsesKeyPaths(MemoryStore):
+    """Keeps only the last path segment of a key, so prefixes leak into each other."""
+
+    @staticmethod
+    def _last(key: str) -> str:
+        return key.rsplit("/", 1)[-1]
+
+    def set(self, key: str, value: bytes | str) -> None:
+        super().set(self._last(key), value)
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+        return super().multi_get([self._last(k) for k in keys])
+
+    def check(self, keys: Sequence[str]) -> bool:
+        return super().check([self._last(k) for k in keys])
+
+
+class NumKeysUnsupported(MemoryStore):
+    def num_keys(self) -> int:
+        raise NotImplementedError("num_keys is not supported")
+
+
+class _FirstCallRaces(MemoryStore):
+    """The first call of each thread on ``key`` reads, meets the others, then writes."""
+
+    key = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._barrier = threading.Barrier(THREADS, timeout=10)
+        self._seen = threading.local()
+
+    def _racing(self, key: str) -> bool:
+        if key != self.key or getattr(self._seen, "done", False):
+            return False
+        self._seen.done = True
+        return True
+
+
+class RacyAdd(_FirstCallRaces):
+    key = "count"
+
+    def add(self, key: str, amount: int) -> int:
+        if not self._racing(key):
+            return super().add(key, amount)
+        old = int(self.get(key)) if self.check([key]) else 0
+        self._barrier.wait()  # every thread has read the same old value
+        self.set(key, str(old + amount))
+        return old + amount
+
+
+class RacyCompareSet(_FirstCallRaces):
+    key = "counter"
+
+    def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
+        if not self._racing(key):
+            return super().compare_set(key, expected, desired)
+        current = self.get(key)
+        self._barrier.wait()  # every thread compares against the same stale value
+        if current == expected:
+            self.set(key, desired)
+            return self.get(key)
+        return current
+
+
+BROKEN: list[tuple[Callable[[], Store], str]] = [
+    (OverwritingCompareSet, "'compare_set contract' failed"),
+    (SleepsThroughWaitForChange, "'wait_for_change wakes on a write from another thread' failed"),
+    (WaitForChangeAlwaysFalse, "'wait_for_change returns at once or times out' failed"),
+    (WakesOnAnyWrite, "'wait_for_change ignores writes that change nothing' failed"),
+    (GetSleepsThroughTimeout, "'get/wait wake on a write from another thread' failed"),
+    (GetOfMissingReturnsEmpty, "'missing keys time out with StoreTimeoutError' failed"),
+    (BinaryCounter, "'add' failed"),
+    (CollapsesKeyPaths, "'PrefixStore isolation' failed"),
+    (NumKeysUnsupported, "raised NotImplementedError: num_keys is not supported"),
+    (RacyAdd, "'concurrent add() loses no update' failed"),
+    (RacyCompareSet, "'concurrent compare_set increments lose no update' failed"),
+]
+
+
+@pytest.mark.parametrize(
+    ("factory", "caught_by"), BROKEN, ids=[getattr(f, "__name__", "?") for f, _ in BROKEN]
+)
+def test_the_kit_catches_a_broken_store(factory: Callable[[], Store], caught_by: str) -> None:
+    threads_before = threading.active_count()
+    with pytest.raises(AssertionError) as caught:
+        check_store(factory, threads=THREADS, increments=10, wake_within=QUICK)
+    assert caught_by in str(caught.value)
+    assert type(factory()).__name__ in str(caught.value)  # the message names the store
+    assert threading.active_count() <= threads_before, "the kit left threads running"
+
+
+def test_a_factory_that_reuses_a_store_is_caught() -> None:
+    shared = MemoryStore()
+    with pytest.raises(AssertionError, match=r"num_keys\(\) of a store from factory\(\) \(must"):
+        check_store(lambda: shared)  # the first property leaves keys behind
+
+
+def test_the_kit_passes_a_correct_store_that_is_a_subclass() -> None:
+    # The planted bugs above are the only difference from a passing store.
+    class Plain(MemoryStore):
+        pass
+
+    check_store(Plain, threads=THREADS, increments=10, wake_within=QUICK * 10)
+
+
+def test_bad_kit_arguments() -> None:
+    with pytest.raises(ValueError, match="threads >= 2"):
+        check_store(MemoryStore, threads=1)
+    with pytest.raises(ValueError, match="processes >= 2"):
+        check_store_across_processes("sqlite:///tmp/x.db", processes=1)
+    with pytest.raises(ValueError, match="private to its process"):
+        check_store_across_processes("memory://x")
+    assert no_kit_children()
+
+
+# -- across processes: openers are referenced as "module:function" for spawned children ---
+
+
+def open_add_forgets(url: str, timeout: timedelta) -> Store:
+    """An SQLite store whose add() overwrites the kit's "added" counter instead of adding."""
+
+    class AddForgets(SQLiteStore):
+        def add(self, key: str, amount: int) -> int:
+            if not key.endswith("/added"):
+                return super().add(key, amount)
+            self.set(key, str(amount))
+            return amount
+
+    parsed = open_sqlite(url, timeout)
+    parsed.close()
+    return AddForgets(parsed.path, timeout=timeout)
+
+
+def open_fails_in_children(url: str, timeout: timedelta) -> Store:
+    if multiprocessing.parent_process() is not None:
+        raise RuntimeError("planted failure: cannot open the store in a child")
+    return open_sqlite(url, timeout)
+
+
+def open_private_memory(url: str, timeout: timedelta) -> Store:
+    """Children each get a private store, so the parent never sees them."""
+    return MemoryStore(timeout=timeout)
+
+
+def no_kit_children() -> bool:
+    return not [c for c in multiprocessing.active_children() if c.name.startswith("rdzv-conf")]
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite://{tmp_path}/kit.db"
+
+
+@pytest.mark.slow
+def test_across_processes_catches_lost_adds(db_url: str) -> None:
+    with pytest.raises(AssertionError, match=r"3x5 add\(1\) left b'1', expected 15"):
+        check_store_across_processes(db_url, opener=f"{__name__}:open_add_forgets", increments=5)
+    assert no_kit_children()
+
+
+@pytest.mark.slow
+def test_across_processes_reports_a_child_that_cannot_open_the_store(db_url: str) -> None:
+    with pytest.raises(AssertionError) as caught:
+        check_store_across_processes(db_url, opener=f"{__name__}:open_fails_in_children")
+    assert "exited with code 1 before the others were ready" in str(caught.value)
+    assert no_kit_children()
+
+
+@pytest.mark.slow
+def test_across_processes_terminates_children_that_never_see_the_parent() -> None:
+    with pytest.raises(AssertionError) as caught:
+        check_store_across_processes(
+            "memory://unshared",
+            opener=f"{__name__}:open_private_memory",
+            start_within=timedelta(seconds=1),
+        )
+    assert "only 0 of 3 children announced themselves within 1 s" in str(caught.value)
+    assert no_kit_children()
+
+
+def test_across_processes_passes_sqlite(db_url: str) -> None:
+    # Paired with the planted failures above: the same check passes a correct store.
+    check_store_across_processes(db_url, processes=2, increments=5)
+    assert no_kit_children()
