@@ -1,0 +1,406 @@
+"""The public API, with the names and semantics of PyTorch 2.13's
+``torch.distributed.elastic.rendezvous`` so that code can switch by changing an import.
+
+- :class:`RendezvousHandler`: the abstract handler torch's elastic agent drives;
+- :class:`RendezvousParameters`: what torchrun passes (config values arrive as strings);
+- :class:`RendezvousInfo`, :class:`RendezvousStoreInfo`: what ``next_rendezvous`` returns;
+- :class:`RendezvousTimeout`, :class:`RendezvousSettings`: the handler's settings.
+
+Durations here are ``timedelta`` (or seconds) as in torch; the handler converts them to
+spec's integer milliseconds in one place (:mod:`rdzv.clock`).
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, ClassVar
+
+from rdzv.errors import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousGracefulExitError,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+)
+from rdzv.store import Store
+from spec.settings import Settings
+
+__all__ = [
+    "DEFAULT_CACHE_DURATION",
+    "DEFAULT_KEEP_ALIVE_INTERVAL",
+    "DEFAULT_KEEP_ALIVE_MAX_ATTEMPT",
+    "DEFAULT_PROTOCOL",
+    "RendezvousClosedError",
+    "RendezvousConnectionError",
+    "RendezvousError",
+    "RendezvousGracefulExitError",
+    "RendezvousHandler",
+    "RendezvousInfo",
+    "RendezvousParameters",
+    "RendezvousSettings",
+    "RendezvousStateError",
+    "RendezvousStoreInfo",
+    "RendezvousTimeout",
+    "RendezvousTimeoutError",
+]
+
+DEFAULT_KEEP_ALIVE_INTERVAL = 5.0
+"""Seconds between two heartbeats (torch's default)."""
+DEFAULT_KEEP_ALIVE_MAX_ATTEMPT = 3
+"""Missed heartbeats after which a node is pruned as dead (torch's default)."""
+DEFAULT_CACHE_DURATION = 1.0
+"""Seconds a node reuses its last read of the state (torch's default)."""
+DEFAULT_PROTOCOL = "upstream"
+"""The protocol variant (``spec.variants``) a handler runs unless told otherwise."""
+
+
+class RendezvousHandler(ABC):
+    """The interface torch's elastic agent drives (same names, same meaning)."""
+
+    @abstractmethod
+    def get_backend(self) -> str:
+        """The name of the rendezvous backend."""
+
+    @property
+    def use_agent_store(self) -> bool:
+        """Whether the agent may use :attr:`RendezvousInfo.store` as its own store
+        (torch's agent then starts no TCPStore of its own)."""
+        return False
+
+    @abstractmethod
+    def next_rendezvous(self) -> RendezvousInfo:
+        """Join the next round; block until it completes; return this node's place."""
+
+    @abstractmethod
+    def is_closed(self) -> bool:
+        """Whether the rendezvous has been closed."""
+
+    @abstractmethod
+    def set_closed(self) -> None:
+        """Close the rendezvous for every node."""
+
+    @abstractmethod
+    def num_nodes_waiting(self) -> int:
+        """How many nodes wait for the next round (the agent restarts when > 0)."""
+
+    @abstractmethod
+    def get_run_id(self) -> str:
+        """The run id of the rendezvous."""
+
+    @abstractmethod
+    def shutdown(self) -> bool:
+        """Release resources and close; True on success."""
+
+
+def _config_value_text(value: object) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+class RendezvousParameters:
+    """Parameters of a rendezvous, as torchrun passes them.
+
+    ``config`` holds every other keyword argument; torchrun passes their values as
+    strings, so :meth:`get_as_int`, :meth:`get_as_bool` and :meth:`get_as_float`
+    parse strings.
+    """
+
+    def __init__(
+        self,
+        backend: str,
+        endpoint: str,
+        run_id: str,
+        min_nodes: int,
+        max_nodes: int,
+        local_addr: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(backend, str) or not backend:
+            raise ValueError(
+                f"backend must be a non-empty string, got {backend!r}; "
+                f"pass the name of the rendezvous backend, e.g. 'rdzv'"
+            )
+        if not isinstance(endpoint, str):
+            raise ValueError(
+                f"endpoint must be a string, got {_config_value_text(endpoint)}; "
+                f"pass a store URL such as 'sqlite:///tmp/job.db' or 'memory://job'"
+            )
+        if not isinstance(run_id, str):
+            raise ValueError(
+                f"run_id must be a string, got {_config_value_text(run_id)}; "
+                f"pass the job's id, e.g. 'job-42'"
+            )
+        # The node bounds are validated where the protocol defines them.
+        Settings(min_nodes=min_nodes, max_nodes=max_nodes)
+        if local_addr is not None and (not isinstance(local_addr, str) or not local_addr):
+            raise ValueError(
+                f"local_addr must be a non-empty string or None, got {local_addr!r}; "
+                f"pass this host's address or leave it out to use the host name"
+            )
+        self.backend = backend
+        self.endpoint = endpoint
+        self.run_id = run_id
+        self.min_nodes = min_nodes
+        self.max_nodes = max_nodes
+        self.local_addr = local_addr
+        self.config: dict[str, Any] = dict(kwargs)
+
+    def __repr__(self) -> str:
+        return (
+            f"RendezvousParameters(backend={self.backend!r}, endpoint={self.endpoint!r}, "
+            f"run_id={self.run_id!r}, min_nodes={self.min_nodes}, max_nodes={self.max_nodes}, "
+            f"local_addr={self.local_addr!r}, config={dict(sorted(self.config.items()))!r})"
+        )
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value of config option ``key``, or ``default``."""
+        return self.config.get(key, default)
+
+    def get_as_bool(self, key: str, default: bool | None = None) -> bool | None:
+        """Option ``key`` as a bool: 1/0, true/false, t/f, yes/no, y/n (any case)."""
+        value = self.get(key, default)
+        if value is None or isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str):
+            text = value.strip().lower()
+            if text in ("1", "true", "t", "yes", "y"):
+                return True
+            if text in ("0", "false", "f", "no", "n"):
+                return False
+        raise ValueError(
+            f"config option {key!r} is {_config_value_text(value)}, which is not a boolean; "
+            f"use one of true/false, yes/no, 1/0"
+        )
+
+    def get_as_int(self, key: str, default: int | None = None) -> int | None:
+        """Option ``key`` as an int (strings of digits are parsed)."""
+        value = self.get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool):
+            raise ValueError(
+                f"config option {key!r} is {_config_value_text(value)}, which is not an "
+                f"integer; pass a whole number such as '3'"
+            )
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"config option {key!r} is {_config_value_text(value)}, which is not an "
+                f"integer; pass a whole number such as '3'"
+            ) from None
+
+    def get_as_float(self, key: str, default: float | None = None) -> float | None:
+        """Option ``key`` as a finite float (``'0.5'`` and ``'30'`` both parse)."""
+        value = self.get(key, default)
+        if value is None:
+            return None
+        number: float | None = None
+        if not isinstance(value, bool):
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                number = None
+        if number is None or not math.isfinite(number):
+            raise ValueError(
+                f"config option {key!r} is {_config_value_text(value)}, which is not a "
+                f"finite number; pass a number of seconds such as '30' or '0.5'"
+            )
+        return number
+
+
+@dataclass
+class RendezvousStoreInfo:
+    """Where the training job's own store (torch's TCPStore) lives for this round."""
+
+    TCP_STORE_ADDR_KEY: ClassVar[str] = "TCP_STORE_ADDR"
+    TCP_STORE_PORT_KEY: ClassVar[str] = "TCP_STORE_PORT"
+
+    master_addr: str
+    master_port: int
+
+    @staticmethod
+    def build(
+        rank: int,
+        store: Store,
+        local_addr: str | None = None,
+        server_port: int | None = None,
+        timeout: timedelta | None = None,
+    ) -> RendezvousStoreInfo:
+        """Rank 0 publishes its address and a port into ``store``; everyone reads them.
+
+        Pass the round's (prefixed) store so that every round publishes afresh. Non-zero
+        ranks wait for rank 0 at most ``timeout`` (the store's own timeout if None).
+        """
+        if rank == 0:
+            addr = local_addr or socket.gethostname()
+            port = server_port or free_port()
+            store.set(RendezvousStoreInfo.TCP_STORE_ADDR_KEY, addr.encode("utf-8"))
+            store.set(RendezvousStoreInfo.TCP_STORE_PORT_KEY, str(port).encode("ascii"))
+        keys = [RendezvousStoreInfo.TCP_STORE_ADDR_KEY, RendezvousStoreInfo.TCP_STORE_PORT_KEY]
+        store.wait(keys, timeout)
+        addr_raw, port_raw = store.multi_get(keys)
+        try:
+            return RendezvousStoreInfo(addr_raw.decode("utf-8"), int(port_raw.decode("ascii")))
+        except (UnicodeDecodeError, ValueError):
+            raise RendezvousStateError(
+                f"the bootstrap info in the store is not an address and a port "
+                f"({addr_raw[:64]!r}, {port_raw[:16]!r}); another program wrote these keys: "
+                f"use a run id of its own"
+            ) from None
+
+
+def free_port() -> int:
+    """A TCP port that is free on this host right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class RendezvousInfo:
+    """What ``next_rendezvous`` returns: this node's place in the completed round.
+
+    Built like torch's (store, rank, world_size, bootstrap_store_info); ``round`` is
+    an optional keyword giving the round number.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        rank: int,
+        world_size: int,
+        bootstrap_store_info: RendezvousStoreInfo,
+        *,
+        round: int | None = None,
+    ) -> None:
+        self._store = store
+        self._rank = rank
+        self._world_size = world_size
+        self._bootstrap_store_info = bootstrap_store_info
+        self._round = round
+
+    @property
+    def store(self) -> Store:
+        """A store namespaced to this run and round."""
+        return self._store
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def bootstrap_store_info(self) -> RendezvousStoreInfo:
+        return self._bootstrap_store_info
+
+    @property
+    def round(self) -> int | None:
+        return self._round
+
+    def __repr__(self) -> str:
+        return (
+            f"RendezvousInfo(rank={self._rank}, world_size={self._world_size}, "
+            f"round={self._round}, bootstrap_store_info={self._bootstrap_store_info!r})"
+        )
+
+
+_TIMEOUT_DEFAULTS: dict[str, timedelta] = {
+    "join": timedelta(seconds=600),
+    "last_call": timedelta(seconds=30),
+    "close": timedelta(seconds=30),
+    "heartbeat": timedelta(seconds=5),
+}
+
+
+def _as_timedelta(name: str, value: timedelta | float | None) -> timedelta:
+    if value is None:
+        return _TIMEOUT_DEFAULTS[name]
+    if isinstance(value, timedelta):
+        delta = value
+    elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        delta = timedelta(seconds=value)
+    else:
+        raise ValueError(
+            f"the {name} timeout must be a timedelta or a number of seconds, got "
+            f"{_config_value_text(value)}; pass e.g. timedelta(seconds=30)"
+        )
+    if delta <= timedelta(0):
+        default = _TIMEOUT_DEFAULTS[name].total_seconds()
+        raise ValueError(
+            f"the {name} timeout ({delta.total_seconds()} s) must be positive; "
+            f"pass a duration above zero, or None for the default ({default:g} s)"
+        )
+    return delta
+
+
+class RendezvousTimeout:
+    """The timeouts of a rendezvous; ``None`` means torch's default
+    (join 600 s, last call 30 s, close 30 s, heartbeat 5 s)."""
+
+    def __init__(
+        self,
+        join: timedelta | float | None = None,
+        last_call: timedelta | float | None = None,
+        close: timedelta | float | None = None,
+        heartbeat: timedelta | float | None = None,
+    ) -> None:
+        self._join = _as_timedelta("join", join)
+        self._last_call = _as_timedelta("last_call", last_call)
+        self._close = _as_timedelta("close", close)
+        self._heartbeat = _as_timedelta("heartbeat", heartbeat)
+
+    @property
+    def join(self) -> timedelta:
+        """How long next_rendezvous may take."""
+        return self._join
+
+    @property
+    def last_call(self) -> timedelta:
+        """How long to wait for more nodes once min_nodes have joined."""
+        return self._last_call
+
+    @property
+    def close(self) -> timedelta:
+        """How long set_closed may take."""
+        return self._close
+
+    @property
+    def heartbeat(self) -> timedelta:
+        """How long one keep-alive may take."""
+        return self._heartbeat
+
+    def __repr__(self) -> str:
+        return (
+            f"RendezvousTimeout(join={self._join!r}, last_call={self._last_call!r}, "
+            f"close={self._close!r}, heartbeat={self._heartbeat!r})"
+        )
+
+
+@dataclass(repr=False, eq=False)
+class RendezvousSettings:
+    """The settings of a handler (torch's fields)."""
+
+    run_id: str
+    min_nodes: int
+    max_nodes: int
+    timeout: RendezvousTimeout
+    keep_alive_interval: timedelta
+    keep_alive_max_attempt: int
+
+    def __repr__(self) -> str:
+        return (
+            f"RendezvousSettings(run_id={self.run_id!r}, min_nodes={self.min_nodes}, "
+            f"max_nodes={self.max_nodes}, timeout={self.timeout!r}, "
+            f"keep_alive_interval={self.keep_alive_interval!r}, "
+            f"keep_alive_max_attempt={self.keep_alive_max_attempt})"
+        )

@@ -1,0 +1,158 @@
+"""The rendezvous backend: one compare-and-set register holding the shared state.
+
+:class:`RendezvousBackend` is torch's interface (``get_state`` / ``set_state`` with an
+opaque fencing token) plus :meth:`RendezvousBackend.wait_for_change`, which lets a node
+that cannot progress sleep until the state changes. :class:`StoreRendezvousBackend` is
+the one implementation, built on any object with the :class:`~rdzv.store.Store` methods.
+
+The fencing-token contract of :meth:`RendezvousBackend.set_state`:
+
+- the token matches the stored state: write, return ``(state, token, True)``;
+- the token is stale: no write, return the current ``(state, token, False)``;
+- the token is ``None``: write only if no state exists yet;
+- the token is not one this backend hands out: no write, return the current state.
+
+:class:`StoreRendezvousBackend` uses the stored bytes themselves as the token (as torch's
+c10d backend does): a write succeeds exactly when the register still holds the bytes the
+writer last saw. Since the register holds the whole state, "same bytes" is "same state",
+so a write computed from those bytes is correct even if the register changed and
+changed back in between.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from datetime import timedelta
+from typing import Any
+
+from rdzv.clock import SystemClock
+from rdzv.store import Store, as_bytes
+
+Token = Any
+"""An opaque fencing token; only the backend that handed it out interprets it."""
+
+POLL_BACKOFF_START = 0.001
+"""Seconds before the first re-read in the default :meth:`~RendezvousBackend.wait_for_change`."""
+POLL_BACKOFF_MAX = 0.05
+"""Upper bound (seconds) on the delay between two re-reads of that default."""
+
+
+class RendezvousBackend(ABC):
+    """A compare-and-set register for the state of one run (torch's interface)."""
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """The backend's name (what ``get_backend()`` reports)."""
+
+    @abstractmethod
+    def get_state(self) -> tuple[bytes, Token] | None:
+        """The stored state and its fencing token, or None if there is no state yet."""
+
+    @abstractmethod
+    def set_state(
+        self, state: bytes, token: Token | None = None
+    ) -> tuple[bytes, Token, bool] | None:
+        """Write ``state`` if ``token`` is current (see the module docstring).
+
+        Returns the state stored afterwards, its token and whether this write happened;
+        None if there is still no state."""
+
+    def wait_for_change(self, token: Token | None, timeout: float) -> bool:
+        """Block until the stored state's token is no longer ``token`` (True) or
+        ``timeout`` seconds passed (False). Waking early is allowed only on a change.
+
+        This default polls :meth:`get_state` with a backoff from
+        :data:`POLL_BACKOFF_START` to :data:`POLL_BACKOFF_MAX` seconds; backends that can
+        watch the store override it.
+        """
+        clock = SystemClock()
+        end = clock.monotonic() + max(0.0, timeout)
+        delay = POLL_BACKOFF_START
+        while True:  # bounded: ends by ``end``, each pass sleeps at least ``delay``
+            current = self.get_state()
+            if (None if current is None else current[1]) != token:
+                return True
+            remaining = end - clock.monotonic()
+            if remaining <= 0:
+                return False
+            clock.sleep(min(delay, remaining))
+            delay = min(delay * 2, POLL_BACKOFF_MAX)
+
+
+class StoreRendezvousBackend(RendezvousBackend):
+    """The state of run ``run_id`` under the key ``rdzv/<run_id>/state`` of ``store``.
+
+    ``store`` may be any object with the :class:`~rdzv.store.Store` methods; this class
+    uses ``check``, ``get``, ``compare_set`` and ``wait_for_change``.
+    """
+
+    def __init__(self, store: Store, run_id: str) -> None:
+        if not isinstance(run_id, str) or not run_id:
+            raise ValueError(
+                f"run_id must be a non-empty string, got {run_id!r}; pass the job's id"
+            )
+        missing = [
+            method
+            for method in ("check", "get", "compare_set", "wait_for_change")
+            if not callable(getattr(store, method, None))
+        ]
+        if missing:
+            raise TypeError(
+                f"{type(store).__name__} is not a store: it lacks {', '.join(missing)}; "
+                f"pass an object with the rdzv.store.Store methods (see rdzv.stores.open_store)"
+            )
+        self._store = store
+        self._run_id = run_id
+        self._key = f"rdzv/{run_id}/state"
+
+    @property
+    def name(self) -> str:
+        return "rdzv"
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    @property
+    def key(self) -> str:
+        """The store key holding the state."""
+        return self._key
+
+    def get_state(self) -> tuple[bytes, Token] | None:
+        # ``get`` of a missing key blocks for the store's timeout, so look first. The
+        # protocol never deletes the key, so a key seen present is still there.
+        if not self._store.check([self._key]):
+            return None
+        data = as_bytes(self._store.get(self._key))
+        return data, data
+
+    def set_state(
+        self, state: bytes, token: Token | None = None
+    ) -> tuple[bytes, Token, bool] | None:
+        state = as_bytes(state)
+        if token is not None and not isinstance(token, bytes):
+            # Not a token we hand out: never write.
+            return self._current(written=False)
+        if token is not None and token == state:
+            # Writing the bytes already there is a no-op; it "succeeds" iff they still are.
+            current = self.get_state()
+            if current is None:
+                return None
+            return current[0], current[1], current[1] == token
+        expected = b"" if token is None else token
+        result = as_bytes(self._store.compare_set(self._key, expected, state))
+        if result == state:
+            return state, state, True
+        if token is not None and result == token:
+            # The store returns ``expected`` only for an absent key (a deleted state).
+            return self._current(written=False)
+        return result, result, False
+
+    def _current(self, written: bool) -> tuple[bytes, Token, bool] | None:
+        current = self.get_state()
+        return None if current is None else (current[0], current[1], written)
+
+    def wait_for_change(self, token: Token | None, timeout: float) -> bool:
+        current = token if isinstance(token, bytes) else None
+        return self._store.wait_for_change(self._key, current, timedelta(seconds=max(0.0, timeout)))

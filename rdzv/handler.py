@@ -1,0 +1,775 @@
+"""The dynamic rendezvous handler: an interpreter of spec's node machine.
+
+Every protocol decision is made by :func:`spec.machine.step` over the tables of the
+chosen variant. This module only carries out the machine's requests:
+
+- ``Read``          -> ``backend.get_state()``, answered with ``ReadResult``;
+- ``CompareAndSet`` -> ``backend.set_state(data, token)``, answered with ``CasResult``;
+  a lost race first backs off for a bounded random delay, then re-reads, so that
+  conflicting writers spread out instead of colliding again;
+- ``Wait``          -> sleep until the clock reaches ``until`` or the stored state changes
+  (``backend.wait_for_change``), in slices of at most :data:`MAX_WAIT_SLICE` seconds so
+  a missed notification costs little; answered with ``WokeUp``;
+- ``Done`` / ``Fail`` -> return, or raise the torch-named error of the failure kind.
+
+Any exception of the store during I/O is fed to the machine as ``IoFailed`` and surfaces
+as :class:`~rdzv.errors.RendezvousConnectionError`.
+
+:class:`NodeDriver` is that interpreter for one node, usable step by step (tests and
+tools drive several nodes in one thread with a fake clock) or blocking (the handler).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import random
+import socket
+import threading
+import weakref
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, NoReturn
+
+from rdzv import events
+from rdzv.api import (
+    DEFAULT_CACHE_DURATION,
+    DEFAULT_KEEP_ALIVE_INTERVAL,
+    DEFAULT_KEEP_ALIVE_MAX_ATTEMPT,
+    DEFAULT_PROTOCOL,
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousSettings,
+    RendezvousStoreInfo,
+    RendezvousTimeout,
+)
+from rdzv.backend import RendezvousBackend, StoreRendezvousBackend
+from rdzv.clock import Clock, SystemClock, now_of, to_millis, to_seconds
+from rdzv.errors import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousGracefulExitError,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+    StoreTimeoutError,
+)
+from rdzv.store import PrefixStore, Store
+from spec.machine import (
+    CasResult,
+    CompareAndSet,
+    Config,
+    Done,
+    Event,
+    Fail,
+    IoFailed,
+    Local,
+    Read,
+    ReadResult,
+    Request,
+    StartOp,
+    Wait,
+    WokeUp,
+    step,
+)
+from spec.settings import Settings
+from spec.state import Millis, NodeId
+from spec.variants import Variant, get_variant
+from spec.vocabulary import FailKind, Op
+
+__all__ = [
+    "DynamicRendezvousHandler",
+    "IoStats",
+    "NodeDriver",
+    "create_handler",
+    "new_node_id",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_WAIT_SLICE = 0.25
+"""Seconds: the longest single blocking wait for a state change before the clock is
+looked at again (a missed change notification costs at most this)."""
+MAX_STEPS_PER_OP = 1_000_000
+"""Safety net on machine steps in one operation; deadlines end operations long before."""
+BACKOFF_BASE = 0.0005
+"""Seconds: upper end of the random backoff after a writer's first lost race."""
+BACKOFF_CAP = 0.032
+"""Seconds: the backoff window doubles per consecutive lost race up to this."""
+HEARTBEAT_JOIN_SLACK = 1.0
+"""Seconds added to the heartbeat timeout when joining the heartbeat thread."""
+MIN_BOOTSTRAP_WAIT = 1.0
+"""Seconds: non-zero ranks wait at least this long for rank 0's bootstrap info."""
+
+_FAILURE_ERRORS: dict[FailKind, type[RendezvousError]] = {
+    FailKind.CLOSED: RendezvousClosedError,
+    FailKind.TIMEOUT: RendezvousTimeoutError,
+    FailKind.GRACEFUL_EXIT: RendezvousGracefulExitError,
+    FailKind.CORRUPT_STATE: RendezvousStateError,
+    FailKind.CONNECTION: RendezvousConnectionError,
+}
+
+_local_ids = itertools.count()
+_local_ids_lock = threading.Lock()
+
+
+def new_node_id(local_addr: str | None = None) -> NodeId:
+    """A node id unique in this process: address, pid and a per-process counter."""
+    with _local_ids_lock:
+        local_id = next(_local_ids)
+    return NodeId(local_addr or socket.gethostname(), os.getpid(), local_id)
+
+
+@dataclass
+class IoStats:
+    """Counters of the store traffic of one node (for benchmarks and tests)."""
+
+    reads: int = 0
+    cas_attempts: int = 0
+    cas_conflicts: int = 0
+    waits: int = 0
+    steps: int = 0
+
+    def copy(self) -> IoStats:
+        return IoStats(self.reads, self.cas_attempts, self.cas_conflicts, self.waits, self.steps)
+
+
+@dataclass(frozen=True)
+class _Conflict:
+    """A lost compare-and-set, waiting out its backoff before the re-read."""
+
+    until: float
+    """Clock seconds (monotonic) at which the backoff ends."""
+
+
+class OperationFailed(Exception):
+    """Internal: carries a machine ``Fail`` and the I/O exception behind it, if any."""
+
+    def __init__(self, fail: Fail, cause: BaseException | None) -> None:
+        super().__init__(fail.message)
+        self.fail = fail
+        self.cause = cause
+
+
+class NodeDriver:
+    """Carries out one node's machine requests on a backend with a clock.
+
+    Not thread-safe: the handler serializes its operations with a lock.
+    """
+
+    def __init__(
+        self,
+        node: NodeId,
+        config: Config,
+        backend: RendezvousBackend,
+        clock: Clock,
+        rng: random.Random,
+        run_id: str,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.clock = clock
+        self.rng = rng
+        self.run_id = run_id
+        self.local = Local(node)
+        self.request: Request | None = None
+        self.stats = IoStats()
+        self._conflict: _Conflict | None = None
+        self._conflicts = 0
+        self._io_error: BaseException | None = None
+
+    # -- feeding the machine ------------------------------------------------------------
+    def _feed(self, event: Event) -> None:
+        op = event.op if isinstance(event, StartOp) else self.local.op
+        result = step(self.local, event, self.config)
+        self.stats.steps += 1
+        if events.enabled():
+            events.emit(
+                events.transition(self.run_id, event, result, None if op is None else op.value)
+            )
+        self.local = result.local
+        self.request = result.request
+
+    def start(self, op: Op, deadline: Millis) -> None:
+        """Start ``op``, to end by the monotonic instant ``deadline`` (milliseconds)."""
+        self._conflict = None
+        self._conflicts = 0
+        self._io_error = None
+        self._feed(StartOp(op, deadline, now_of(self.clock)))
+
+    def deadline_after(self, timeout: Millis) -> Millis:
+        return now_of(self.clock).mono + timeout
+
+    @property
+    def finished(self) -> bool:
+        return isinstance(self.request, Done | Fail)
+
+    # -- carrying out requests ------------------------------------------------------------
+    def poll(self) -> bool:
+        """Carry out the pending request without blocking; False if it must wait longer."""
+        return self._perform(block=False)
+
+    def run(self) -> Done:
+        """Carry out requests until the operation ends; raise on failure."""
+        for _ in range(MAX_STEPS_PER_OP):
+            if isinstance(self.request, Done):
+                return self.request
+            if isinstance(self.request, Fail):
+                raise OperationFailed(self.request, self._io_error)
+            try:
+                self._perform(block=True)
+            except BaseException as exc:
+                # Whatever went wrong, the machine must end the operation (and so accept
+                # the next one): I/O errors were fed already; feed anything else.
+                if not self.finished:
+                    self._io_failed(exc, "the handler")
+                raise
+        bound = RendezvousError(
+            f"node {self.local.node} took more than {MAX_STEPS_PER_OP} steps in one "
+            f"operation without reaching its deadline; this is a bug in rdzv, please report it"
+        )
+        self._io_failed(bound, "bounding the operation")
+        assert isinstance(self.request, Fail)
+        raise OperationFailed(self.request, bound)
+
+    def _perform(self, block: bool) -> bool:
+        request = self.request
+        if self._conflict is not None:
+            return self._after_conflict(block)
+        if isinstance(request, Read):
+            self._check_key(request.key)
+            self._read()
+            return True
+        if isinstance(request, CompareAndSet):
+            self._check_key(request.key)
+            self._write(request)
+            return True
+        if isinstance(request, Wait):
+            self._check_key(request.key)
+            return self._wait(request, block)
+        return False
+
+    def _check_key(self, key: str) -> None:
+        if key != self.config.key:
+            raise RendezvousError(
+                f"the protocol variant asked for key {key!r}, but this handler serves only "
+                f"{self.config.key!r}; use a variant this rdzv version supports"
+            )
+
+    def _io_failed(self, exc: BaseException, what: str) -> None:
+        self._io_error = exc
+        reason = f"{what} failed: {type(exc).__name__}: {exc}"
+        self._feed(IoFailed(reason, now_of(self.clock)))
+
+    def _read(self) -> None:
+        self.stats.reads += 1
+        try:
+            current = self.backend.get_state()
+        except BaseException as exc:
+            self._io_failed(exc, "reading the state")
+            if not isinstance(exc, Exception):
+                raise
+            return
+        data, token = (None, None) if current is None else current
+        self._feed(ReadResult(data, token, now_of(self.clock)))
+
+    def _write(self, request: CompareAndSet) -> None:
+        self.stats.cas_attempts += 1
+        try:
+            result = self.backend.set_state(request.data, request.token)
+        except BaseException as exc:
+            self._io_failed(exc, "writing the state")
+            if not isinstance(exc, Exception):
+                raise
+            return
+        if result is None:
+            data, token, has_set = None, None, False
+        else:
+            data, token, has_set = result
+        if has_set:
+            self._conflicts = 0
+            self._feed(CasResult(data, token, True, now_of(self.clock)))
+            return
+        # Lost a race: wait a random, bounded while, then decide on a fresh read.
+        self.stats.cas_conflicts += 1
+        self._conflicts += 1
+        window = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** min(self._conflicts - 1, 16))
+        self._conflict = _Conflict(self.clock.monotonic() + self.rng.uniform(0.0, window))
+
+    def _after_conflict(self, block: bool) -> bool:
+        assert self._conflict is not None
+        remaining = self._conflict.until - self.clock.monotonic()
+        if remaining > 0:
+            if not block:
+                return False
+            self.clock.sleep(remaining)
+        self._conflict = None
+        self.stats.reads += 1
+        try:
+            current = self.backend.get_state()
+        except BaseException as exc:
+            self._io_failed(exc, "reading the state after a lost write")
+            if not isinstance(exc, Exception):
+                raise
+            return True
+        data, token = (None, None) if current is None else current
+        self._feed(CasResult(data, token, False, now_of(self.clock)))
+        return True
+
+    def _wait(self, request: Wait, block: bool) -> bool:
+        self.stats.waits += 1
+        until = to_seconds(request.until)
+        try:
+            if not block:
+                ready = self.clock.monotonic() >= until or self.backend.wait_for_change(
+                    request.token, 0.0
+                )
+                if not ready:
+                    self.stats.waits -= 1
+                    return False
+            else:
+                remaining = until - self.clock.monotonic()
+                if remaining > 0:
+                    # One slice; waking early is allowed (the machine reads and decides
+                    # again), so a long wait is a sequence of bounded slices.
+                    real = self.clock.max_real_wait(min(remaining, MAX_WAIT_SLICE))
+                    self.backend.wait_for_change(request.token, real)
+        except BaseException as exc:
+            self._io_failed(exc, "waiting for a state change")
+            if not isinstance(exc, Exception):
+                raise
+            return True
+        self._feed(WokeUp(now_of(self.clock)))
+        return True
+
+
+def _failure_error(
+    fail: Fail, cause: BaseException | None, node: NodeId, run_id: str, key: str
+) -> RendezvousError:
+    kind = fail.kind
+    message = fail.message
+    if kind is FailKind.CORRUPT_STATE:
+        message = (
+            f"{message}. The store key {key!r} of run {run_id!r} holds bytes that are not an "
+            f"rdzv state (another program or rdzv version wrote them); give this job a "
+            f"run id of its own, or delete the key once no node of the run is alive"
+        )
+    elif kind is FailKind.CONNECTION:
+        message = (
+            f"the {fail.op.value} operation of node {node} could not use the store: "
+            f"{message}; check that the store is running and reachable"
+        )
+    elif kind is FailKind.TIMEOUT and fail.op is Op.JOIN:
+        message = (
+            f"{message}: no round with enough nodes completed in time; start more nodes, "
+            f"lower min_nodes or raise join_timeout"
+        )
+    error = _FAILURE_ERRORS[kind](message)
+    error.__cause__ = cause
+    return error
+
+
+class _Heartbeat:
+    """The keep-alive timer: a daemon thread holding the handler only weakly."""
+
+    def __init__(
+        self,
+        handler: DynamicRendezvousHandler,
+        interval: float,
+        clock: Clock,
+        join_timeout: float,
+        name: str,
+    ) -> None:
+        self._ref = weakref.ref(handler)
+        self._interval = interval
+        self._clock = clock
+        self._join_timeout = join_timeout
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _loop(self) -> None:
+        # Bounded by ``stopping``: set on shutdown, on the next rendezvous, and when the
+        # handler is garbage-collected (then ``self._ref()`` is None as well).
+        while not self.stopping.is_set():
+            if self._clock.sleep(self._interval, self.stopping):
+                return
+            handler = self._ref()
+            if handler is None:
+                return
+            try:
+                handler._keep_alive(self.stopping)
+            except RendezvousError as exc:
+                logger.warning("keep-alive of node %s failed: %s", handler.node, exc)
+            except Exception:
+                logger.exception("keep-alive of node %s crashed", handler.node)
+            finally:
+                del handler
+
+    def stop(self) -> bool:
+        """Stop the thread and join it (bounded); True if it is gone."""
+        self.stopping.set()
+        if self.thread is threading.current_thread():
+            return True  # the GC finalizer ran on this thread: it ends after this pass
+        if self.thread.is_alive():
+            self.thread.join(self._join_timeout)
+        return not self.thread.is_alive()
+
+
+class _HeartbeatSlot:
+    """Holds the current heartbeat; reachable from the GC finalizer without the handler."""
+
+    def __init__(self) -> None:
+        self.current: _Heartbeat | None = None
+
+    def stop(self) -> bool:
+        heartbeat, self.current = self.current, None
+        return True if heartbeat is None else heartbeat.stop()
+
+
+def _spec_settings(settings: RendezvousSettings, cache_duration: float) -> Settings:
+    """The one place where a handler's settings become spec's integer milliseconds."""
+    return Settings(
+        min_nodes=settings.min_nodes,
+        max_nodes=settings.max_nodes,
+        join_timeout=to_millis(settings.timeout.join),
+        last_call_timeout=to_millis(settings.timeout.last_call),
+        close_timeout=to_millis(settings.timeout.close),
+        heartbeat_timeout=to_millis(settings.timeout.heartbeat),
+        keep_alive_interval=to_millis(settings.keep_alive_interval),
+        keep_alive_max_attempt=settings.keep_alive_max_attempt,
+        cache_duration=to_millis(cache_duration),
+    )
+
+
+def _as_interval(value: timedelta | float) -> timedelta:
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(
+            f"keep_alive_interval must be a number of seconds or a timedelta, got "
+            f"{value!r}; pass e.g. 5"
+        )
+    return timedelta(seconds=value)
+
+
+class DynamicRendezvousHandler(RendezvousHandler):
+    """torch's dynamic rendezvous handler, driven by spec's node machine.
+
+    Build it with :meth:`from_backend` or :func:`create_handler`. Operations of one
+    handler never run concurrently (one lock); the heartbeat thread takes the same lock.
+    """
+
+    @classmethod
+    def from_backend(
+        cls,
+        run_id: str,
+        store: Store,
+        backend: RendezvousBackend,
+        min_nodes: int,
+        max_nodes: int,
+        local_addr: str | None = None,
+        timeout: RendezvousTimeout | None = None,
+        keep_alive_interval: timedelta | float = DEFAULT_KEEP_ALIVE_INTERVAL,
+        keep_alive_max_attempt: int = DEFAULT_KEEP_ALIVE_MAX_ATTEMPT,
+        *,
+        protocol: str | Variant = DEFAULT_PROTOCOL,
+        cache_duration: float = DEFAULT_CACHE_DURATION,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+    ) -> DynamicRendezvousHandler:
+        """A handler for run ``run_id`` whose state lives in ``backend``; round
+        namespaces and bootstrap info go into ``store``.
+
+        ``protocol`` names a variant of :mod:`spec.variants`; ``cache_duration`` is how
+        long (seconds) a node reuses its last read; ``clock`` and ``rng`` default to the
+        system clock and a fresh ``random.Random``.
+        """
+        settings = RendezvousSettings(
+            run_id=run_id,
+            min_nodes=min_nodes,
+            max_nodes=max_nodes,
+            timeout=timeout if timeout is not None else RendezvousTimeout(),
+            keep_alive_interval=_as_interval(keep_alive_interval),
+            keep_alive_max_attempt=keep_alive_max_attempt,
+        )
+        variant = get_variant(protocol) if isinstance(protocol, str) else protocol
+        return cls(
+            node=new_node_id(local_addr),
+            settings=settings,
+            backend_name=backend.name,
+            store=store,
+            backend=backend,
+            variant=variant,
+            cache_duration=cache_duration,
+            clock=clock if clock is not None else SystemClock(),
+            rng=rng if rng is not None else random.Random(),
+        )
+
+    def __init__(
+        self,
+        node: NodeId,
+        settings: RendezvousSettings,
+        backend_name: str,
+        store: Store,
+        backend: RendezvousBackend,
+        *,
+        variant: Variant,
+        cache_duration: float,
+        clock: Clock,
+        rng: random.Random,
+    ) -> None:
+        if not isinstance(settings.run_id, str) or not settings.run_id:
+            raise ValueError(
+                f"run_id must be a non-empty string, got {settings.run_id!r}; pass the job's id"
+            )
+        if not isinstance(settings.timeout, RendezvousTimeout):
+            raise ValueError(
+                f"timeout must be a RendezvousTimeout, got {type(settings.timeout).__name__}; "
+                f"pass e.g. RendezvousTimeout(join=timedelta(seconds=600))"
+            )
+        self._spec_settings = _spec_settings(settings, cache_duration)
+        self._settings = settings
+        self._node = node
+        self._backend_name = backend_name
+        self._store = store
+        self._backend = backend
+        self._variant = variant
+        self._clock = clock
+        self._config = Config(settings=self._spec_settings, variant=variant)
+        self._driver = NodeDriver(node, self._config, backend, clock, rng, settings.run_id)
+        self._lock = threading.Lock()
+        self._heartbeats = _HeartbeatSlot()
+        # Stop (and join) the heartbeat thread when this handler is garbage-collected.
+        self._finalizer = weakref.finalize(self, self._heartbeats.stop)
+
+    # -- torch's API ------------------------------------------------------------------------
+    @property
+    def settings(self) -> RendezvousSettings:
+        return self._settings
+
+    def get_backend(self) -> str:
+        return self._backend_name
+
+    @property
+    def use_agent_store(self) -> bool:
+        # No TCPStore server runs inside this handler: the agent starts its own at the
+        # bootstrap address.
+        return False
+
+    def get_run_id(self) -> str:
+        return self._settings.run_id
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        """Leave the current round, join the next, and return this node's place in it."""
+        self._stop_heartbeats()
+        with self._lock:
+            deadline = self._driver.deadline_after(self._spec_settings.join_timeout)
+            self._run(Op.EXIT, deadline)
+            self._run(Op.JOIN, deadline)
+            view = self._driver.local.view
+            rank = view.rank_of(self._node)
+            if not view.complete or rank is None:
+                raise RendezvousError(
+                    f"the join operation of node {self._node} finished in a state where it "
+                    f"is not a member of a complete round ({view.describe()}); this is a "
+                    f"bug in the protocol variant {self._variant.name!r}"
+                )
+            world_size = view.num_participants
+            round_ = view.round
+            leader = next((n for n, r in view.participants if r == 0), None)
+            self._start_heartbeats()
+        store = PrefixStore(f"rdzv/{self._settings.run_id}/{round_}", self._store)
+        bootstrap = self._bootstrap(rank, store, deadline, round_, leader)
+        return RendezvousInfo(store, rank, world_size, bootstrap, round=round_)
+
+    def is_closed(self) -> bool:
+        with self._lock:
+            self._run(Op.QUERY, self._driver.deadline_after(self._spec_settings.close_timeout))
+            return self._driver.local.view.closed
+
+    def set_closed(self) -> None:
+        with self._lock:
+            self._close()
+
+    def num_nodes_waiting(self) -> int:
+        with self._lock:
+            self._run(Op.QUERY, self._driver.deadline_after(self._spec_settings.close_timeout))
+            return len(self._driver.local.view.wait_list)
+
+    def shutdown(self) -> bool:
+        """Stop heartbeats and close the rendezvous; False if closing failed."""
+        self._stop_heartbeats()
+        try:
+            with self._lock:
+                self._close()
+        except RendezvousError as exc:
+            logger.warning(
+                "shutdown of node %s could not close the rendezvous: %s", self._node, exc
+            )
+            return False
+        return True
+
+    # -- extras ------------------------------------------------------------------------------
+    @property
+    def node(self) -> NodeId:
+        """This handler's node id."""
+        return self._node
+
+    @property
+    def variant(self) -> Variant:
+        return self._variant
+
+    @property
+    def driver(self) -> NodeDriver:
+        """The interpreter of this node's machine (for tests and tools; not thread-safe)."""
+        return self._driver
+
+    @property
+    def heartbeat_thread(self) -> threading.Thread | None:
+        """The running keep-alive thread, if any."""
+        current = self._heartbeats.current
+        return None if current is None else current.thread
+
+    def io_stats(self) -> IoStats:
+        """A copy of this node's store traffic counters (not synchronized: a snapshot
+        taken while an operation runs may be mid-update)."""
+        return self._driver.stats.copy()
+
+    # -- internals ---------------------------------------------------------------------------
+    def _run(self, op: Op, deadline: Millis) -> None:
+        self._driver.start(op, deadline)
+        try:
+            self._driver.run()
+        except OperationFailed as failed:
+            raise _failure_error(
+                failed.fail, failed.cause, self._node, self._settings.run_id, self._state_key()
+            ) from failed.cause
+
+    def _state_key(self) -> str:
+        if isinstance(self._backend, StoreRendezvousBackend):
+            return self._backend.key
+        return self._config.key
+
+    def _close(self) -> None:
+        self._run(Op.CLOSE, self._driver.deadline_after(self._spec_settings.close_timeout))
+
+    def _keep_alive(self, stopping: threading.Event) -> None:
+        with self._lock:
+            if stopping.is_set():
+                return
+            deadline = self._driver.deadline_after(self._spec_settings.heartbeat_timeout)
+            self._run(Op.KEEP_ALIVE, deadline)
+
+    def _start_heartbeats(self) -> None:
+        self._heartbeats.stop()
+        heartbeat = _Heartbeat(
+            self,
+            self._settings.keep_alive_interval.total_seconds(),
+            self._clock,
+            self._settings.timeout.heartbeat.total_seconds() + HEARTBEAT_JOIN_SLACK,
+            name=f"rdzv-keep-alive-{self._node}",
+        )
+        self._heartbeats.current = heartbeat
+        heartbeat.start()
+
+    def _stop_heartbeats(self) -> None:
+        if not self._heartbeats.stop():
+            logger.warning("the keep-alive thread of node %s did not stop in time", self._node)
+
+    def _bootstrap(
+        self, rank: int, store: Store, deadline: Millis, round_: int, leader: NodeId | None
+    ) -> RendezvousStoreInfo:
+        remaining = to_seconds(deadline - now_of(self._clock).mono)
+        wait = timedelta(seconds=max(remaining, MIN_BOOTSTRAP_WAIT))
+        try:
+            return RendezvousStoreInfo.build(rank, store, self._node.addr, timeout=wait)
+        except RendezvousStateError:
+            raise
+        except (StoreTimeoutError, TimeoutError) as exc:
+            raise RendezvousTimeoutError(
+                f"rank 0 ({leader}) of round {round_} did not publish the bootstrap info "
+                f"within {wait.total_seconds():g} s; it may have died: call next_rendezvous "
+                f"again to form a new round"
+            ) from exc
+        except RendezvousError:
+            raise
+        except Exception as exc:
+            raise RendezvousConnectionError(
+                f"node {self._node} could not exchange the bootstrap info of round {round_} "
+                f"through the store: {type(exc).__name__}: {exc}; check that the store is "
+                f"running and reachable"
+            ) from exc
+
+
+def _fail_config(key: str, problem: str) -> NoReturn:
+    raise ValueError(f"rendezvous config option {key!r}: {problem}")
+
+
+def create_handler(
+    *args: Any, clock: Clock | None = None, rng: random.Random | None = None
+) -> DynamicRendezvousHandler:
+    """``create_handler(params)`` opens the store ``params.endpoint`` names;
+    ``create_handler(store, backend, params)`` uses the given ones (torch's form).
+
+    Config keys (strings are parsed; durations in seconds, fractions allowed):
+    ``join_timeout`` (600), ``last_call_timeout`` (30), ``close_timeout`` (30),
+    ``heartbeat_timeout`` (5), ``keep_alive_interval`` (5), ``keep_alive_max_attempt`` (3),
+    ``cache_duration`` (1), ``protocol`` ("upstream").
+    """
+    if len(args) == 1:
+        params = args[0]
+        store: Store | None = None
+        backend: RendezvousBackend | None = None
+    elif len(args) == 3:
+        store, backend, params = args
+    else:
+        raise TypeError(
+            f"create_handler takes (params) or (store, backend, params), got {len(args)} "
+            f"positional arguments"
+        )
+    if not isinstance(params, RendezvousParameters):
+        raise TypeError(
+            f"create_handler needs RendezvousParameters, got {type(params).__name__}; "
+            f"build them with rdzv.RendezvousParameters(backend, endpoint, run_id, min, max)"
+        )
+    timeout = RendezvousTimeout(
+        join=params.get_as_float("join_timeout"),
+        last_call=params.get_as_float("last_call_timeout"),
+        close=params.get_as_float("close_timeout"),
+        heartbeat=params.get_as_float("heartbeat_timeout"),
+    )
+    interval = params.get_as_float("keep_alive_interval", DEFAULT_KEEP_ALIVE_INTERVAL)
+    attempts = params.get_as_int("keep_alive_max_attempt", DEFAULT_KEEP_ALIVE_MAX_ATTEMPT)
+    cache = params.get_as_float("cache_duration", DEFAULT_CACHE_DURATION)
+    protocol = params.get("protocol", DEFAULT_PROTOCOL)
+    assert interval is not None and attempts is not None and cache is not None
+    if not isinstance(protocol, str):
+        _fail_config("protocol", f"got {protocol!r}; pass a variant name such as 'upstream'")
+    if cache < 0:
+        _fail_config("cache_duration", f"got {cache}; pass 0 (always read) or more seconds")
+    variant = get_variant(protocol)
+    if store is None or backend is None:
+        from rdzv.stores import open_store
+
+        store = open_store(params.endpoint)
+        backend = StoreRendezvousBackend(store, params.run_id)
+    return DynamicRendezvousHandler.from_backend(
+        params.run_id,
+        store,
+        backend,
+        params.min_nodes,
+        params.max_nodes,
+        params.local_addr,
+        timeout,
+        interval,
+        attempts,
+        protocol=variant,
+        cache_duration=cache,
+        clock=clock,
+        rng=rng,
+    )

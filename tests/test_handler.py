@@ -1,0 +1,546 @@
+"""The real handler with real stores and real threads.
+
+Scenarios pin down torch's behaviour (ranks, world size, wait list, rounds, close) and
+ours (per-round bootstrap info, heartbeat thread lifecycle, errors for bad stores).
+No test sleeps for a timeout to expire: timeouts are reached with a FakeClock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import random
+import sqlite3
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rdzv import (
+    DynamicRendezvousHandler,
+    FakeClock,
+    RendezvousBackend,
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousStateError,
+    RendezvousTimeout,
+    RendezvousTimeoutError,
+    StoreRendezvousBackend,
+    create_handler,
+)
+from rdzv.backend import Token
+from rdzv.handler import BACKOFF_BASE, BACKOFF_CAP
+from rdzv.store import PrefixStore, Store
+from rdzv.stores import MemoryStore, open_store
+from spec.codec import decode, encode
+from spec.machine import Fail
+from spec.state import RendezvousState
+from spec.vocabulary import FailKind, Op
+
+THREAD_JOIN = 60.0
+"""Real seconds a test waits for its threads before declaring a hang."""
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def run_all(calls: Sequence[Callable[[], Any]]) -> list[Any]:
+    """Run each call in its own thread; return results (or the exceptions raised)."""
+    results: list[Any] = [None] * len(calls)
+
+    def target(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except BaseException as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(THREAD_JOIN)
+    assert not any(t.is_alive() for t in threads), "a rendezvous thread hung"
+    return results
+
+
+def make_handlers(
+    url: str,
+    n: int,
+    min_nodes: int,
+    max_nodes: int,
+    run_id: str = "job",
+    **config: str,
+) -> list[DynamicRendezvousHandler]:
+    config.setdefault("join_timeout", "60")
+    config.setdefault("cache_duration", "0")
+    return [
+        create_handler(RendezvousParameters("rdzv", url, run_id, min_nodes, max_nodes, **config))
+        for _ in range(n)
+    ]
+
+
+@contextlib.contextmanager
+def shut(handlers: list[DynamicRendezvousHandler]) -> Iterator[list[DynamicRendezvousHandler]]:
+    try:
+        yield handlers
+    finally:
+        for h in handlers:
+            h.shutdown()
+        for h in handlers:
+            thread = h.heartbeat_thread
+            assert thread is None or not thread.is_alive()
+
+
+def assert_one_round(infos: Sequence[Any], size: int) -> None:
+    errors = [i for i in infos if isinstance(i, BaseException)]
+    assert not errors, errors
+    assert sorted(i.rank for i in infos) == list(range(size))
+    assert {i.world_size for i in infos} == {size}
+    assert len({i.round for i in infos}) == 1
+    boot = {(i.bootstrap_store_info.master_addr, i.bootstrap_store_info.master_port) for i in infos}
+    assert len(boot) == 1
+    assert all(0 < port < 65536 for _, port in boot)
+
+
+def stored_state(store: Store, run_id: str = "job") -> RendezvousState:
+    return decode(store.get(f"rdzv/{run_id}/state"))
+
+
+def sqlite_url(tmp_path: Path, name: str = "rdzv.db") -> str:
+    return f"sqlite://{tmp_path / name}"
+
+
+# -- rendezvous through real stores -------------------------------------------------------------
+@pytest.mark.parametrize("n", [2, 8, 16])
+def test_threads_rendezvous_through_sqlite(tmp_path: Path, n: int) -> None:
+    with shut(make_handlers(sqlite_url(tmp_path), n, n, n)) as handlers:
+        infos = run_all([h.next_rendezvous for h in handlers])
+        assert_one_round(infos, n)
+        assert infos[0].round == 0
+        # Each node's rank is its position in the sorted node ids, as torch assigns them.
+        order = sorted(range(n), key=lambda i: handlers[i].node)
+        assert [infos[i].rank for i in order] == list(range(n))
+
+
+def test_sixteen_threads_on_memory_store() -> None:
+    with shut(make_handlers("memory://test-sixteen", 16, 16, 16)) as handlers:
+        infos = run_all([h.next_rendezvous for h in handlers])
+        assert_one_round(infos, 16)
+        stats = [h.io_stats() for h in handlers]
+        # Every node wrote at least its own join; nobody polled on a fixed period.
+        assert all(s.cas_attempts >= 1 for s in stats)
+
+
+def test_round_store_is_namespaced_per_run_and_round(tmp_path: Path) -> None:
+    with shut(make_handlers(sqlite_url(tmp_path), 2, 2, 2)) as handlers:
+        infos: list[RendezvousInfo] = run_all([h.next_rendezvous for h in handlers])
+        a, b = infos
+        assert isinstance(a.store, PrefixStore)
+        assert a.store.prefix == "rdzv/job/0"
+        a.store.set("greeting", b"hello")
+        assert b.store.get("greeting") == b"hello"
+        raw = open_store(sqlite_url(tmp_path))
+        assert raw.get("rdzv/job/0/greeting") == b"hello"
+
+
+def test_late_node_waits_is_counted_and_joins_the_next_round(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path)
+    with shut(make_handlers(url, 3, 2, 3, last_call_timeout="0.2")) as handlers:
+        a, b, late = handlers
+        first = run_all([a.next_rendezvous, b.next_rendezvous])
+        assert_one_round(first, 2)
+        assert a.num_nodes_waiting() == 0
+
+        late_result: list[Any] = []
+        late_thread = threading.Thread(
+            target=lambda: late_result.extend(run_all([late.next_rendezvous])), daemon=True
+        )
+        late_thread.start()
+        # The late node writes itself onto the wait list; wait (bounded) for that write.
+        store = open_store(url)
+        for _ in range(400):
+            if stored_state(store).wait_list:
+                break
+            store.wait_for_change("rdzv/job/state", store.get("rdzv/job/state"), timedelta(0.05))
+        assert stored_state(store).wait_list == (late.node,)
+        assert a.num_nodes_waiting() == 1
+        assert b.num_nodes_waiting() == 1
+
+        second = run_all([a.next_rendezvous, b.next_rendezvous])
+        late_thread.join(THREAD_JOIN)
+        assert not late_thread.is_alive()
+        infos = [*second, *late_result]
+        assert_one_round(infos, 3)
+        assert infos[0].round == first[0].round + 1
+        assert a.num_nodes_waiting() == 0
+        # Node a was rank 0 in both rounds (torch 2.13 keeps its cached bootstrap info then,
+        # and a node first joining in round 1 waits forever for it). Here the round-1
+        # bootstrap info came from round 1's namespace, written by its rank 0.
+        assert first[0].rank == second[0].rank == 0
+        leader = next(i for i in infos if i.rank == 0)
+        raw = open_store(url)
+        assert (
+            raw.get("rdzv/job/1/TCP_STORE_PORT")
+            == str(leader.bootstrap_store_info.master_port).encode()
+        )
+
+
+def test_re_rendezvous_advances_the_round_each_time() -> None:
+    with shut(make_handlers("memory://test-rounds", 3, 3, 3)) as handlers:
+        rounds = []
+        for _ in range(3):
+            infos = run_all([h.next_rendezvous for h in handlers])
+            assert_one_round(infos, 3)
+            rounds.append(infos[0].round)
+        assert rounds == [0, 1, 2]
+
+
+def test_close_is_seen_by_everybody_and_is_idempotent(tmp_path: Path) -> None:
+    with shut(make_handlers(sqlite_url(tmp_path), 2, 2, 2)) as handlers:
+        a, b = handlers
+        assert_one_round(run_all([a.next_rendezvous, b.next_rendezvous]), 2)
+        assert not b.is_closed()
+        a.set_closed()
+        a.set_closed()
+        assert a.is_closed() and b.is_closed()
+        with pytest.raises(RendezvousClosedError, match="closed"):
+            b.next_rendezvous()
+        assert a.shutdown() is True
+
+
+# -- timeouts, with a fake clock ---------------------------------------------------------------
+def fake_clock_handler(
+    store: Store, clock: FakeClock, min_nodes: int = 1, max_nodes: int = 1, **kw: Any
+) -> DynamicRendezvousHandler:
+    return DynamicRendezvousHandler.from_backend(
+        "job",
+        store,
+        StoreRendezvousBackend(store, "job"),
+        min_nodes,
+        max_nodes,
+        timeout=kw.pop("timeout", None),
+        keep_alive_interval=kw.pop("keep_alive_interval", 5),
+        clock=clock,
+        cache_duration=0,
+        **kw,
+    )
+
+
+def test_join_times_out_on_the_fake_clock_without_sleeping() -> None:
+    clock = FakeClock()
+    store = MemoryStore()
+    # Heartbeats far apart, so that the jump of the fake clock expires nobody.
+    handler = fake_clock_handler(store, clock, 2, 2, keep_alive_interval=1000)
+    outcome = run_all_async([handler.next_rendezvous])
+    # The node joined and now waits; nothing progresses until the fake time moves.
+    for _ in range(200):
+        if stored_state_or_none(store) is not None:
+            break
+        store.wait_for_change("rdzv/job/state", None, timedelta(seconds=0.05))
+    assert stored_state(store).participant_nodes() == (handler.node,)
+    joined = store.get("rdzv/job/state")
+    clock.advance(600.001)  # past the join deadline: the node withdraws within the window
+    assert store.wait_for_change("rdzv/job/state", joined, timedelta(seconds=10))
+    assert stored_state(store).participants == ()
+    clock.advance(5.0)  # past the rollback window: it gives up
+    (error,) = outcome()
+    assert isinstance(error, RendezvousTimeoutError)
+    assert "deadline" in str(error) and "min_nodes" in str(error)
+    handler.shutdown()
+
+
+def stored_state_or_none(store: Store) -> RendezvousState | None:
+    return stored_state(store) if store.check(["rdzv/job/state"]) else None
+
+
+def run_all_async(calls: Sequence[Callable[[], Any]]) -> Callable[[], list[Any]]:
+    box: list[list[Any]] = []
+    thread = threading.Thread(target=lambda: box.append(run_all(calls)), daemon=True)
+    thread.start()
+
+    def finish() -> list[Any]:
+        thread.join(THREAD_JOIN)
+        assert not thread.is_alive(), "calls did not finish"
+        return box[0]
+
+    return finish
+
+
+# -- heartbeats --------------------------------------------------------------------------------
+def test_heartbeat_thread_starts_beats_and_stops_on_shutdown() -> None:
+    clock = FakeClock()
+    store = MemoryStore()
+    handler = fake_clock_handler(store, clock, keep_alive_interval=5)
+    assert handler.heartbeat_thread is None
+    handler.next_rendezvous()
+    thread = handler.heartbeat_thread
+    assert thread is not None and thread.is_alive() and thread.daemon
+    beat0 = stored_state(store).heartbeat_of(handler.node)
+    assert clock.wait_for_sleepers(1)
+    before = store.get("rdzv/job/state")
+    clock.advance(5.0)
+    assert store.wait_for_change("rdzv/job/state", before, timedelta(seconds=10))
+    beat1 = stored_state(store).heartbeat_of(handler.node)
+    assert beat0 is not None and beat1 == beat0 + 5000
+    assert handler.shutdown() is True
+    assert not thread.is_alive()
+    assert handler.heartbeat_thread is None
+
+
+def test_heartbeat_thread_stops_when_the_handler_is_garbage_collected() -> None:
+    clock = FakeClock()
+    store = MemoryStore()
+    handler = fake_clock_handler(store, clock)
+    handler.next_rendezvous()
+    thread = handler.heartbeat_thread
+    assert thread is not None and thread.is_alive()
+    ref = weakref.ref(handler)
+    del handler
+    gc.collect()
+    assert ref() is None, "the heartbeat thread must not keep the handler alive"
+    thread.join(THREAD_JOIN)
+    assert not thread.is_alive()
+
+
+def test_heartbeat_failure_is_logged_and_the_thread_survives(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    store = MemoryStore()
+    handler = fake_clock_handler(store, clock, keep_alive_interval=5)
+    handler.next_rendezvous()
+    thread = handler.heartbeat_thread
+    assert thread is not None
+    assert clock.wait_for_sleepers(1)
+    store.set("rdzv/job/state", b"garbage")
+    with caplog.at_level(logging.WARNING, logger="rdzv.handler"):
+        clock.advance(5.0)
+        # The thread logs, then sleeps again: wait for that (bounded, real time).
+        for _ in range(2000):
+            if any("keep-alive" in r.getMessage() for r in caplog.records):
+                break
+            time.sleep(0.005)
+    assert any(
+        "keep-alive" in r.getMessage() and "corrupt" in r.getMessage() for r in caplog.records
+    )
+    assert thread.is_alive()
+    assert store.get("rdzv/job/state") == b"garbage", "a failed heartbeat must not write"
+    assert handler.shutdown() is False  # closing fails on the corrupt state, reported as False
+    assert not thread.is_alive()
+
+
+class _Overlap(RendezvousBackend):
+    """Wraps a backend and records whether two calls of one handler ever overlapped."""
+
+    def __init__(self, inner: StoreRendezvousBackend) -> None:
+        self.inner = inner
+        self.active = 0
+        self.max_active = 0
+        self.calls = 0
+        self.heartbeat_calls = 0
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def _call(self) -> Iterator[None]:
+        with self._lock:
+            self.active += 1
+            self.calls += 1
+            if threading.current_thread().name.startswith("rdzv-keep-alive"):
+                self.heartbeat_calls += 1
+            self.max_active = max(self.max_active, self.active)
+        try:
+            time.sleep(0.0005)  # widen any window in which a second call could overlap
+            yield
+        finally:
+            with self._lock:
+                self.active -= 1
+
+    @property
+    def name(self) -> str:
+        return "overlap"
+
+    def get_state(self) -> tuple[bytes, Token] | None:
+        with self._call():
+            return self.inner.get_state()
+
+    def set_state(
+        self, state: bytes, token: Token | None = None
+    ) -> tuple[bytes, Token, bool] | None:
+        with self._call():
+            return self.inner.set_state(state, token)
+
+    def wait_for_change(self, token: Token | None, timeout: float) -> bool:
+        with self._call():
+            return self.inner.wait_for_change(token, timeout)
+
+
+def test_heartbeats_never_run_concurrently_with_other_operations() -> None:
+    store = MemoryStore()
+    backend = _Overlap(StoreRendezvousBackend(store, "job"))
+    handler = DynamicRendezvousHandler.from_backend(
+        "job", store, backend, 1, 1, keep_alive_interval=0.01, cache_duration=0
+    )
+    handler.next_rendezvous()
+    for _ in range(10_000):  # bounded; ends once the heartbeat thread ran a few times
+        if backend.heartbeat_calls >= 5:
+            break
+        handler.num_nodes_waiting()
+        handler.is_closed()
+    assert backend.heartbeat_calls >= 5, "the heartbeat thread never ran"
+    assert backend.calls > backend.heartbeat_calls
+    assert backend.max_active == 1
+    handler.shutdown()
+
+
+# -- bad inputs -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "garbage",
+    [b"\x80\x04pickle", b"{}", b'{"v":99}', b"not json at all", b""],
+    ids=["pickle", "empty-object", "future-version", "text", "empty"],
+)
+def test_corrupt_state_gives_a_state_error_and_is_left_alone(garbage: bytes) -> None:
+    store = MemoryStore()
+    store.set("rdzv/job/state", garbage)
+    handler = fake_clock_handler(store, FakeClock())
+    with pytest.raises(RendezvousStateError) as info:
+        handler.next_rendezvous()
+    message = str(info.value)
+    assert "corrupt" in message and "rdzv/job/state" in message and "run id" in message
+    assert store.get("rdzv/job/state") == garbage
+    with pytest.raises(RendezvousStateError):
+        handler.num_nodes_waiting()
+    assert handler.shutdown() is False
+
+
+def test_unreachable_store_gives_a_connection_error(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path / 'missing-dir' / 'rdzv.db'}"
+    params = RendezvousParameters("rdzv", url, "job", 1, 1)
+    try:
+        handler = create_handler(params)
+    except RendezvousConnectionError as exc:  # a store may refuse at open time
+        assert "missing-dir" in str(exc)
+        return
+    with pytest.raises(RendezvousConnectionError) as info:
+        handler.next_rendezvous()
+    assert "missing-dir" in str(info.value) and "reachable" in str(info.value)
+    assert handler.shutdown() is False
+
+
+def test_locked_store_gives_a_connection_error_and_recovers(tmp_path: Path) -> None:
+    path = tmp_path / "locked.db"
+    handler = create_handler(
+        RendezvousParameters("rdzv", f"sqlite://{path}?busy_timeout_ms=50", "job", 1, 1)
+    )
+    holder = sqlite3.connect(str(path), isolation_level=None)
+    holder.execute("PRAGMA journal_mode = WAL")
+    holder.execute("CREATE TABLE IF NOT EXISTS rdzv_kv (key TEXT PRIMARY KEY, value BLOB)")
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(RendezvousConnectionError, match="locked"):
+            handler.next_rendezvous()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    info = handler.next_rendezvous()
+    assert (info.rank, info.world_size) == (0, 1)
+    assert handler.shutdown() is True
+
+
+class _Unreachable(StoreRendezvousBackend):
+    """A backend whose store went away after it was created."""
+
+    def get_state(self) -> tuple[bytes, Token] | None:
+        raise OSError("connection refused")
+
+
+def test_store_exceptions_become_connection_errors_with_the_cause() -> None:
+    store = MemoryStore()
+    handler = DynamicRendezvousHandler.from_backend("job", store, _Unreachable(store, "job"), 1, 1)
+    with pytest.raises(RendezvousConnectionError) as info:
+        handler.next_rendezvous()
+    assert "connection refused" in str(info.value)
+    assert isinstance(info.value.__cause__, OSError)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"min_nodes": 3, "max_nodes": 2}, r"max_nodes \(2\) must be >= min_nodes \(3\)"),
+        ({"min_nodes": 0, "max_nodes": 2}, r"min_nodes \(0\) must be >= 1"),
+        ({"keep_alive_interval": 0}, r"keep_alive_interval \(0 ms\) must be positive"),
+        ({"keep_alive_max_attempt": 0}, r"keep_alive_max_attempt \(0\) must be >= 1"),
+        ({"keep_alive_interval": "5"}, r"keep_alive_interval must be a number of seconds"),
+        ({"protocol": "nope"}, r"unknown protocol variant 'nope'; choose one of: "),
+        ({"run_id": ""}, r"run_id must be a non-empty string"),
+        ({"timeout": RendezvousTimeout(join=timedelta(seconds=0.0001))}, r"join_timeout \(0 ms\)"),
+    ],
+)
+def test_wrong_settings_are_rejected_with_a_clear_message(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    store = MemoryStore()
+    args: dict[str, Any] = {"run_id": "job", "min_nodes": 1, "max_nodes": 1}
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        DynamicRendezvousHandler.from_backend(
+            store=store, backend=StoreRendezvousBackend(store, "job"), **args
+        )
+
+
+def test_a_written_state_round_trips_through_the_codec() -> None:
+    # The handler writes spec's canonical bytes, nothing of its own.
+    store = MemoryStore()
+    handler = fake_clock_handler(store, FakeClock())
+    handler.next_rendezvous()
+    raw = store.get("rdzv/job/state")
+    assert encode(decode(raw)) == raw
+    assert handler.shutdown() is True
+
+
+# -- backoff after lost writes -------------------------------------------------------------------
+class _RecordingRandom(random.Random):
+    def __init__(self) -> None:
+        super().__init__(7)
+        self.windows: list[float] = []
+
+    def uniform(self, a: float, b: float) -> float:
+        self.windows.append(b)
+        return super().uniform(a, b)
+
+
+class _AlwaysLoses(StoreRendezvousBackend):
+    """Every write loses a race against a writer that keeps the state as it was."""
+
+    def set_state(
+        self, state: bytes, token: Token | None = None
+    ) -> tuple[bytes, Token, bool] | None:
+        return self._current(written=False)
+
+
+def test_lost_writes_back_off_with_bounded_jitter_until_the_deadline() -> None:
+    clock = FakeClock()
+    store = MemoryStore()
+    rng = _RecordingRandom()
+    handler = DynamicRendezvousHandler.from_backend(
+        "job", store, _AlwaysLoses(store, "job"), 1, 1, clock=clock, rng=rng, cache_duration=0
+    )
+    driver = handler.driver
+    driver.start(Op.JOIN, driver.deadline_after(2000))
+    assert driver.poll()  # read: nothing stored
+    assert driver.poll()  # the write loses
+    assert not driver.poll(), "a writer that lost must back off before trying again"
+    steps = 0
+    while not driver.finished and steps < 10_000:  # bounded: the deadline ends it
+        if not driver.poll():
+            clock.advance(BACKOFF_CAP)
+        steps += 1
+    assert isinstance(driver.request, Fail) and driver.request.kind is FailKind.TIMEOUT
+    assert rng.windows[:7] == [BACKOFF_BASE * 2**k for k in range(7)]
+    assert max(rng.windows) == BACKOFF_CAP
+    assert driver.stats.cas_conflicts == len(rng.windows) > 7

@@ -1,0 +1,170 @@
+"""Separate processes (multiprocessing, spawn) rendezvousing through ``sqlite://``.
+
+Workers report through JSON files (no pickled state). A worker runs rounds on command:
+the test creates ``go<k>`` to start round ``k`` and ``stop`` to end. One test kills a
+worker with SIGKILL and checks that the others re-form once its heartbeat expired.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PROCESS_JOIN = 60.0
+"""Real seconds the test waits for a worker to report or exit."""
+WORKER_POLL = 0.01
+"""Real seconds between a worker's looks for its next command file."""
+
+pytestmark = pytest.mark.slow
+
+
+def _wait_for_file(path: Path, within: float) -> bool:
+    end = time.monotonic() + within
+    while time.monotonic() < end:  # bounded by ``within``
+        if path.exists():
+            return True
+        time.sleep(WORKER_POLL)
+    return path.exists()
+
+
+def _worker(url: str, index: int, work: str, min_nodes: int, max_nodes: int, config: str) -> None:
+    from rdzv import RendezvousError, RendezvousParameters, create_handler
+
+    folder = Path(work)
+    params = RendezvousParameters("rdzv", url, "job", min_nodes, max_nodes, **json.loads(config))
+    handler = create_handler(params)
+    (folder / f"ready-{index}").write_text(str(handler.node))
+    for k in range(10):  # bounded: at most 10 rounds per worker
+        if not _wait_for_file(folder / f"go{k}", PROCESS_JOIN) or (folder / "stop").exists():
+            break
+        try:
+            info = handler.next_rendezvous()
+            report: dict[str, Any] = {
+                "node": str(handler.node),
+                "rank": info.rank,
+                "world_size": info.world_size,
+                "round": info.round,
+                "addr": info.bootstrap_store_info.master_addr,
+                "port": info.bootstrap_store_info.master_port,
+            }
+        except RendezvousError as exc:
+            report = {"node": str(handler.node), "error": f"{type(exc).__name__}: {exc}"}
+        tmp = folder / f"result-{k}-{index}.tmp"
+        tmp.write_text(json.dumps(report))
+        tmp.rename(folder / f"result-{k}-{index}.json")
+    handler.shutdown()
+
+
+class Cluster:
+    def __init__(self, tmp_path: Path, n: int, min_nodes: int, max_nodes: int, **config: str):
+        self.work = tmp_path / "work"
+        self.work.mkdir()
+        self.url = f"sqlite://{tmp_path / 'rdzv.db'}"
+        ctx = multiprocessing.get_context("spawn")
+        config.setdefault("join_timeout", "60")
+        config.setdefault("cache_duration", "0")
+        self.procs = [
+            ctx.Process(
+                target=_worker,
+                args=(self.url, i, str(self.work), min_nodes, max_nodes, json.dumps(config)),
+                daemon=True,
+            )
+            for i in range(n)
+        ]
+
+    def start(self) -> None:
+        for p in self.procs:
+            p.start()
+        for i in range(len(self.procs)):
+            assert _wait_for_file(self.work / f"ready-{i}", PROCESS_JOIN), f"worker {i} hung"
+
+    def round(self, k: int, members: list[int]) -> list[dict[str, Any]]:
+        (self.work / f"go{k}").touch()
+        results = []
+        for i in members:
+            path = self.work / f"result-{k}-{i}.json"
+            assert _wait_for_file(path, PROCESS_JOIN), f"worker {i} did not finish round {k}"
+            results.append(json.loads(path.read_text()))
+        return results
+
+    def stop(self) -> None:
+        (self.work / "stop").touch()
+        for k in range(10):
+            (self.work / f"go{k}").touch()
+        for p in self.procs:
+            p.join(PROCESS_JOIN)
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+                p.join(PROCESS_JOIN)
+
+
+@contextmanager
+def cluster(tmp_path: Path, n: int, lo: int, hi: int, **config: str) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, n, lo, hi, **config)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+    assert all(p.exitcode is not None for p in c.procs)
+
+
+def _check_round(results: list[dict[str, Any]], size: int) -> None:
+    errors = [r["error"] for r in results if "error" in r]
+    assert not errors, errors
+    assert sorted(r["rank"] for r in results) == list(range(size))
+    assert {r["world_size"] for r in results} == {size}
+    assert len({r["round"] for r in results}) == 1
+    assert len({(r["addr"], r["port"]) for r in results}) == 1
+
+
+@pytest.mark.parametrize("n", [2, 8, 16])
+def test_processes_rendezvous_through_sqlite(tmp_path: Path, n: int) -> None:
+    with cluster(tmp_path, n, n, n) as c:
+        first = c.round(0, list(range(n)))
+        _check_round(first, n)
+        second = c.round(1, list(range(n)))
+        _check_round(second, n)
+        assert second[0]["round"] == first[0]["round"] + 1
+        # Ranks follow the sorted node ids, the same in every process.
+        by_node = sorted(first, key=lambda r: tuple(_node_key(r["node"])))
+        assert [r["rank"] for r in by_node] == list(range(n))
+
+
+def _node_key(text: str) -> tuple[str, int, int]:
+    addr, pid, local_id = text.rsplit("_", 2)
+    return addr, int(pid), int(local_id)
+
+
+def test_a_killed_node_is_pruned_and_the_others_re_form(tmp_path: Path) -> None:
+    # Heartbeats every 0.25 s; a node is dead after 4 missed ones (1 s).
+    config = {"keep_alive_interval": "0.25", "keep_alive_max_attempt": "4"}
+    with cluster(tmp_path, 3, 2, 3, last_call_timeout="1", **config) as c:
+        first = c.round(0, [0, 1, 2])
+        _check_round(first, 3)
+        victim = c.procs[2]
+        assert victim.pid is not None
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(PROCESS_JOIN)
+        assert victim.exitcode == -signal.SIGKILL
+        # The survivors start the next round; it can only open once the victim, still a
+        # participant of round 0, is pruned for its expired heartbeat.
+        second = c.round(1, [0, 1])
+        _check_round(second, 2)
+        assert second[0]["round"] == first[0]["round"] + 1
+        dead = next(r["node"] for r in first if r["node"] not in {s["node"] for s in second})
+        from rdzv.stores import open_store
+        from spec.codec import decode
+
+        state = decode(open_store(c.url).get("rdzv/job/state"))
+        assert dead not in {str(n) for n, _ in state.last_heartbeats}
