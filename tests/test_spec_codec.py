@@ -413,7 +413,9 @@ def test_state_size_budget(participants: int, waiting: int, budget: int) -> None
     ("addr", "pid", "local_id"),
     [("", 1, 0), ("x" * 1025, 1, 0), ("h", -1, 0), ("h", 1, -1), ("h", True, 0), ("h", 2**63, 0)],
 )
-def test_node_ids_the_codec_cannot_read_back_are_refused(addr: str, pid: int, local_id: int) -> None:
+def test_node_ids_the_codec_cannot_read_back_are_refused(
+    addr: str, pid: int, local_id: int
+) -> None:
     with pytest.raises(ValueError, match="node"):
         NodeId(addr, pid, local_id)
 
