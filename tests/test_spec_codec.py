@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spec.codec import MAX_ADDR_LEN, MAX_INT, MIN_INT, VERSION, CorruptState, decode, encode
-from spec.state import EMPTY_STATE, NodeId, RendezvousState
+from spec.codec import MAX_INT, MIN_INT, VERSION, CorruptState, decode, encode
+from spec.state import EMPTY_STATE, MAX_ADDR_LEN, NodeId, RendezvousState
 
 # -- strategies ---------------------------------------------------------------------------
 ints = st.integers(0, MAX_INT)
