@@ -1,14 +1,33 @@
 #!/usr/bin/env bash
 # Install everything the test suite needs, then run all of it.
 # This is the README's test command; .ci/run calls it unchanged.
+#
+# - Debian packages: redis-server and etcd-server (the store tests start real servers on
+#   127.0.0.1 themselves), openssl (TLS certificates for those tests).
+# - Python: the package with its test, torch (CPU build, for the torchrun tests), redis
+#   and etcd extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
+need=()
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
+if [ "${#need[@]}" -gt 0 ]; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "scripts/test.sh: missing ${need[*]}; install them with: sudo apt-get install -y ${need[*]}" >&2
+        exit 1
+    fi
+    echo "== apt-get install ${need[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+# The Debian packages start their own services; the tests use their own servers only.
+for svc in redis-server etcd; do
+    if command -v systemctl >/dev/null 2>&1; then systemctl stop "$svc" >/dev/null 2>&1 || true; fi
+done
 
-set +e
-python3 -m pytest "$@"
-status=$?
-set -e
-# pytest's 5 means "no tests collected": that is a failure here, never a pass.
-exit "$status"
+python3 -m pip install --quiet --disable-pip-version-check -e '.[test,torch,redis,etcd]'
+
+# pytest's exit status 5 ("no tests collected") fails this script like any other failure.
+exec python3 -m pytest "$@"
