@@ -536,6 +536,37 @@ def s_sanitize(w: World, s: SymState, st: SymSettings, wall: Z) -> SymState:
     return ite_state(w, removed > 0, s_epilogue(w, new, st), new)
 
 
+def s_sanitize_ending_broken_rounds(w: World, s: SymState, st: SymSettings, wall: Z) -> SymState:
+    """``spec.effects.sanitize_ending_broken_rounds``: sanitize; if a complete round lost
+    a participant and still has survivors, move them to the wait list of the next round."""
+    z3 = w.z3
+    after = s_sanitize(w, s, st, wall)
+    dead_members = w.set_of(
+        lambda x: z3.And(s.participants[x], s.beating[x], s.beats[x] < wall - st.heartbeat_expiry)
+    )
+    lost = w.subset_size(dead_members, s.participants, s.n_participants)
+    broken = z3.And(lost > 0, s.complete, after.complete, after.n_participants > 0)
+    nobody = w.set_of(lambda x: z3.BoolVal(False))
+    reopened = after.evolve(
+        round=after.round + 1,
+        complete=z3.BoolVal(False),
+        has_deadline=z3.BoolVal(False),
+        participants=nobody,
+        n_participants=z3.IntVal(0),
+        waiting=w.set_of(lambda x: z3.Or(after.waiting[x], after.participants[x])),
+    )
+    return ite_state(w, broken, reopened, after)
+
+
+SymSanitizer = Callable[[World, SymState, SymSettings, Z], SymState]
+
+SYMBOLIC_SANITIZERS: Mapping[Callable[..., E.Sanitized], SymSanitizer] = {
+    E.sanitize: s_sanitize,
+    E.sanitize_ending_broken_rounds: s_sanitize_ending_broken_rounds,
+}
+"""The symbolic model of each variant's sanitize, keyed by the Python function."""
+
+
 SYMBOLIC_EFFECTS: Mapping[E.Effect, SymEffect] = {
     E.keep_alive: s_keep_alive,
     E.add_to_participants: s_add_to_participants,
@@ -835,10 +866,18 @@ class Prover:
         )
 
     def setup_sanitize(self, w: World) -> Setup:
+        sanitizer = self.variant.sanitize
+        model = SYMBOLIC_SANITIZERS.get(sanitizer)
+        if model is None:
+            raise MissingModel(
+                f"sanitize {sanitizer.__module__}.{sanitizer.__qualname__} has no symbolic "
+                "model: add one to model_check.prove.SYMBOLIC_SANITIZERS (and to its "
+                "cross-check test)"
+            )
         st, facts = self._settings(w)
         before = fresh_state(w, "before")
         wall = w.fresh("wall_now", self.z3.IntSort())
-        after = s_sanitize(w, before, st, wall)
+        after = model(w, before, st, wall)
         hypotheses = [
             *facts,
             *state_facts(w, before),
@@ -848,8 +887,8 @@ class Prover:
         ]
 
         def replay(c: Concrete) -> list[str]:
-            after_real = E.sanitize(c.before, c.settings, c.wall_now).state
-            return _replay_lines(c.before, after_real, c.settings, "sanitize")
+            after_real = sanitizer(c.before, c.settings, c.wall_now).state
+            return _replay_lines(c.before, after_real, c.settings, sanitizer.__name__)
 
         symbols = Symbols(before=before, after=after, settings=st, clocks={"wall_now": wall})
         return Setup(w, hypotheses, self._goals(w, before, after, st), symbols, replay)

@@ -25,6 +25,7 @@ import itertools
 import logging
 import os
 import random
+import secrets
 import socket
 import threading
 import weakref
@@ -115,10 +116,22 @@ _local_ids = itertools.count()
 _local_ids_lock = threading.Lock()
 
 
+NODE_NONCE_BITS = 40
+"""Random low bits of every local id: processes that share a host name and a pid (two
+containers, each running its agent as pid 1, say) still get distinct identities."""
+
+
 def new_node_id(local_addr: str | None = None) -> NodeId:
-    """A node id unique in this process: address, pid and a per-process counter."""
+    """A node id: address, pid, and a local id made of a per-process counter (high bits,
+    so handlers of one process sort in creation order) and a random nonce (low bits).
+
+    torch uses the counter alone; two processes with the same address and pid then share
+    an identity and receive the same rank (the model checker's finding 4). Logs still
+    show host and pid: ``str(node)`` is ``addr_pid_localid``.
+    """
     with _local_ids_lock:
-        local_id = next(_local_ids)
+        counter = next(_local_ids) % (1 << (62 - NODE_NONCE_BITS))
+    local_id = (counter << NODE_NONCE_BITS) | secrets.randbits(NODE_NONCE_BITS)
     return NodeId(local_addr or socket.gethostname(), os.getpid(), local_id)
 
 

@@ -15,7 +15,13 @@ checker (``model_check``) and the real handler (``rdzv``) both interpret what is
 """
 
 from spec.codec import CorruptState, decode, encode
-from spec.effects import UPSTREAM_EFFECTS, Sanitized, remove_participant_epilogue, sanitize
+from spec.effects import (
+    UPSTREAM_EFFECTS,
+    Sanitized,
+    remove_participant_epilogue,
+    sanitize,
+    sanitize_ending_broken_rounds,
+)
 from spec.invariants import (
     STATE_INVARIANTS,
     STEP_INVARIANTS,
@@ -52,12 +58,13 @@ from spec.machine import (
 from spec.settings import SECOND, Settings, SettingsError
 from spec.state import EMPTY_STATE, KEEP, Millis, NodeId, RendezvousState
 from spec.tables import Atom, Context, Literal, NoRowMatches, Row, Table, row
-from spec.variants import TORCH_213, UPSTREAM, VARIANTS, Variant, get_variant
+from spec.variants import HARDENED, TORCH_213, UPSTREAM, VARIANTS, Sanitizer, Variant, get_variant
 from spec.vocabulary import ACTION_FAILURES, Action, FailKind, Op
 
 __all__ = [
     "ACTION_FAILURES",
     "EMPTY_STATE",
+    "HARDENED",
     "KEEP",
     "SECOND",
     "STATE_INVARIANTS",
@@ -94,6 +101,7 @@ __all__ = [
     "Request",
     "Row",
     "Sanitized",
+    "Sanitizer",
     "Settings",
     "SettingsError",
     "StartOp",
@@ -115,5 +123,6 @@ __all__ = [
     "remove_participant_epilogue",
     "row",
     "sanitize",
+    "sanitize_ending_broken_rounds",
     "step",
 ]

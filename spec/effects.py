@@ -172,3 +172,38 @@ def sanitize(state: RendezvousState, settings: Settings, wall_now: Millis) -> Sa
     if removed:
         new = remove_participant_epilogue(new, settings)
     return Sanitized(new, dead, removed)
+
+
+def sanitize_ending_broken_rounds(
+    state: RendezvousState, settings: Settings, wall_now: Millis
+) -> Sanitized:
+    """Sanitize, and end a complete round that lost a participant to expiry.
+
+    In the reference protocol a participant that dies after its round completed is
+    pruned silently: the survivors stay in a complete round with a hole in it, nothing
+    is added to the wait list, and torch's agent (which re-rendezvouses when
+    ``num_nodes_waiting() > 0``) never learns of it. Here the survivors are moved to the
+    wait list of the next round instead, so every agent sees waiting nodes, restarts its
+    workers and re-forms the job. Voluntary exits need no such rule: the exiting node
+    joins the wait list itself when it comes back.
+    """
+    cleaned = sanitize(state, settings, wall_now)
+    after = cleaned.state
+    broken = (
+        cleaned.removed_participant
+        and state.complete
+        and after.complete
+        and after.round == state.round
+        and after.num_participants > 0
+    )
+    if not broken:
+        return cleaned
+    survivors = after.participant_nodes()
+    reopened = after.evolve(
+        round=after.round + 1,
+        complete=False,
+        deadline=None,
+        participants={},
+        wait_list=(*after.wait_list, *survivors),
+    )
+    return Sanitized(reopened, cleaned.dead, True)

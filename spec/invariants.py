@@ -135,9 +135,9 @@ def _completion_assigns_ranks(
     if not completed:
         return None
     w = a.num_participants
-    ranks = sorted(r for _, r in a.participants)
+    ranks = [r for _, r in a.participants]  # in sorted node order
     if ranks != list(range(w)):
-        return f"round {a.round} completed with ranks {ranks}, not 0..{w - 1}"
+        return f"round {a.round} completed with ranks {ranks} in sorted node order, not 0..{w - 1}"
     if not settings.min_nodes <= w <= settings.max_nodes:
         return (
             f"round {a.round} completed with {w} participants, outside "
@@ -155,7 +155,7 @@ STEP_INVARIANTS: tuple[StepInvariant, ...] = (
     ),
     StepInvariant(
         "completion_assigns_ranks",
-        "a round completes with ranks exactly 0..W-1 and min_nodes <= W <= max_nodes",
+        "a round completes with ranks 0..W-1 in sorted node order and min <= W <= max",
         _completion_assigns_ranks,
     ),
 )

@@ -28,7 +28,6 @@ import enum
 from dataclasses import dataclass, replace
 
 from spec.codec import CorruptState, decode, encode
-from spec.effects import sanitize
 from spec.settings import Settings
 from spec.state import EMPTY_STATE, Millis, NodeId, RendezvousState
 from spec.tables import Context
@@ -268,7 +267,7 @@ def _absorb(
         view = EMPTY_STATE if data is None else decode(data)
     except CorruptState as exc:
         return _fail(local, FailKind.CORRUPT_STATE, str(exc))
-    cleaned = sanitize(view, config.settings, now.wall)
+    cleaned = config.variant.sanitize(view, config.settings, now.wall)
     dirty = cleaned.removed_participant and config.variant.prune_marks_dirty
     fresh = replace(local, view=cleaned.state, token=token, dirty=dirty, synced_at=now.mono)
     decided = _decide(fresh, now, config)

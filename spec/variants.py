@@ -22,23 +22,34 @@ Switches:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from spec.effects import UPSTREAM_EFFECTS, Effect
-from spec.settings import SECOND
-from spec.state import Millis
+from spec.effects import (
+    UPSTREAM_EFFECTS,
+    Effect,
+    Sanitized,
+    sanitize,
+    sanitize_ending_broken_rounds,
+)
+from spec.settings import SECOND, Settings
+from spec.state import Millis, RendezvousState
 from spec.tables import (
     QUERY,
     UPSTREAM_CLOSE,
     UPSTREAM_EXIT,
     UPSTREAM_JOIN,
     UPSTREAM_KEEP_ALIVE,
+    Atom,
     Row,
     Table,
+    row,
 )
 from spec.vocabulary import Action, Op
+
+Sanitizer = Callable[[RendezvousState, Settings, Millis], Sanitized]
+"""Prunes expired nodes from a freshly read state (see :func:`spec.effects.sanitize`)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,6 +62,8 @@ class Variant:
     effects: Mapping[Action, Effect]
     prune_marks_dirty: bool = True
     rollback_window: Millis = 5 * SECOND
+    sanitize: Sanitizer = sanitize
+    """Applied to every state a node reads or gets back from a write."""
     parent: str | None = None
     changes: tuple[str, ...] = field(default=())
     """Human-readable list of what differs from ``parent``."""
@@ -79,6 +92,7 @@ class Variant:
         effects: Mapping[Action, Effect] | None = None,
         prune_marks_dirty: bool | None = None,
         rollback_window: Millis | None = None,
+        sanitize: Sanitizer | None = None,
     ) -> Variant:
         """A new variant that differs from this one only as listed.
 
@@ -127,6 +141,8 @@ class Variant:
             changes.append(f"prune_marks_dirty: {self.prune_marks_dirty} -> {prune_marks_dirty}")
         if rollback_window is not None and rollback_window != self.rollback_window:
             changes.append(f"rollback_window: {self.rollback_window} -> {rollback_window} ms")
+        if sanitize is not None and sanitize is not self.sanitize:
+            changes.append(f"sanitize: {self.sanitize.__name__} -> {sanitize.__name__}")
         return Variant(
             name=name,
             description=description,
@@ -136,6 +152,7 @@ class Variant:
                 self.prune_marks_dirty if prune_marks_dirty is None else prune_marks_dirty
             ),
             rollback_window=self.rollback_window if rollback_window is None else rollback_window,
+            sanitize=self.sanitize if sanitize is None else sanitize,
             parent=self.name,
             changes=tuple(changes),
         )
@@ -170,7 +187,34 @@ TORCH_213 = UPSTREAM.derive(
     prune_marks_dirty=False,
 )
 
-VARIANTS: Mapping[str, Variant] = MappingProxyType({v.name: v for v in (UPSTREAM, TORCH_213)})
+# The join table row before which the hardened variant completes a viable round.
+_FIRST_ROLLBACK_ROW = 6
+assert UPSTREAM_JOIN.rows[_FIRST_ROLLBACK_ROW].then is Action.REMOVE_FROM_PARTICIPANTS
+
+HARDENED = UPSTREAM.derive(
+    "hardened",
+    description=(
+        "Fixes what the model checker finds in upstream: a complete round that loses a "
+        "participant to expiry is ended and its survivors queued (so num_nodes_waiting "
+        "reports it), and a participant whose join deadline passes while min_nodes is "
+        "reached completes the round instead of abandoning it."
+    ),
+    insert={
+        (Op.JOIN, _FIRST_ROLLBACK_ROW): row(
+            Atom.PAST_DEADLINE,
+            ~Atom.COMPLETE,
+            Atom.PARTICIPANT,
+            Atom.SIZE_IN_RANGE,
+            then=Action.MARK_RENDEZVOUS_COMPLETE,
+            why="min reached: complete now rather than abandon a viable round",
+        )
+    },
+    sanitize=sanitize_ending_broken_rounds,
+)
+
+VARIANTS: Mapping[str, Variant] = MappingProxyType(
+    {v.name: v for v in (UPSTREAM, TORCH_213, HARDENED)}
+)
 """Every named variant, by name."""
 
 

@@ -32,6 +32,7 @@ from rdzv import (
 )
 from rdzv import events as rdzv_events
 from rdzv.clock import FakeClock, SystemClock, now_of, to_millis, to_seconds
+from rdzv.handler import NODE_NONCE_BITS, new_node_id
 from rdzv.stores import MemoryStore
 from spec.codec import encode
 from spec.state import NodeId, RendezvousState
@@ -270,9 +271,12 @@ def test_handler_settings_and_identity() -> None:
     other = DynamicRendezvousHandler.from_backend(
         "run-7", store, StoreRendezvousBackend(store, "run-7"), 2, 3, local_addr="node-a"
     )
-    # A per-process counter tells two handlers of one process apart, as in torch.
+    # A per-process counter (high bits) tells two handlers of one process apart, as in
+    # torch; random low bits tell apart processes that share an address and a pid.
     assert other.node.pid == handler.node.pid
-    assert other.node.local_id > handler.node.local_id
+    assert other.node.local_id >> NODE_NONCE_BITS == (handler.node.local_id >> NODE_NONCE_BITS) + 1
+    nonces = {new_node_id("node-a").local_id % (1 << NODE_NONCE_BITS) for _ in range(50)}
+    assert len(nonces) == 50
 
 
 # -- create_handler ----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from spec.effects import (
     remove_from_wait_list,
     remove_participant_epilogue,
     sanitize,
+    sanitize_ending_broken_rounds,
 )
 from spec.settings import Settings
 from spec.state import EMPTY_STATE, NodeId, RendezvousState
@@ -322,3 +323,45 @@ def test_effects_do_not_mutate_their_input() -> None:
     assert (init.participants, init.wait_list, init.last_heartbeats, init.heartbeat_map()) == (
         snapshot
     )
+
+
+# -- the hardened sanitize -------------------------------------------------------------
+def test_hardened_sanitize_ends_a_complete_round_that_lost_a_member() -> None:
+    # init: a complete round of three, C silent past the expiry; D waits for the next round
+    state = RendezvousState.build(
+        round=4,
+        complete=True,
+        participants=members(A, B, C, ranked=True),
+        wait_list=[D],
+        last_heartbeats={**beats(A, B, D), C: NOW - EXPIRY - 1},
+    )
+    # act
+    out = sanitize_ending_broken_rounds(state, S, NOW)
+    # check: the survivors are queued for round 5 with D; the round is open again
+    assert out.dead == (C,)
+    assert out.removed_participant
+    assert out.state == RendezvousState.build(
+        round=5, wait_list=[A, B, D], last_heartbeats=beats(A, B, D)
+    )
+
+
+def test_hardened_sanitize_is_plain_sanitize_otherwise() -> None:
+    open_round = RendezvousState.build(
+        participants=members(A, B, C),
+        deadline=NOW + 5,
+        last_heartbeats={**beats(A, B), C: NOW - EXPIRY - 1},
+    )
+    waiting_only = RendezvousState.build(
+        complete=True,
+        participants=members(A, B, ranked=True),
+        wait_list=[C],
+        last_heartbeats={**beats(A, B), C: NOW - EXPIRY - 1},
+    )
+    last_member = RendezvousState.build(
+        complete=True, participants=members(A, ranked=True), last_heartbeats={A: 0}
+    )
+    healthy = RendezvousState.build(
+        complete=True, participants=members(A, B, ranked=True), last_heartbeats=beats(A, B)
+    )
+    for state in (open_round, waiting_only, last_member, healthy):
+        assert sanitize_ending_broken_rounds(state, S, NOW) == sanitize(state, S, NOW)

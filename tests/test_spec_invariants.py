@@ -152,7 +152,7 @@ STEP_VIOLATIONS = [
         RendezvousState.build(
             complete=True, participants={A: 0, B: 2}, last_heartbeats={A: T, B: T}
         ),
-        "round 0 completed with ranks [0, 2], not 0..1",
+        "round 0 completed with ranks [0, 2] in sorted node order, not 0..1",
         id="rank-gap-at-completion",
     ),
     pytest.param(
@@ -166,7 +166,7 @@ STEP_VIOLATIONS = [
         "completion_assigns_ranks",
         VALID,
         VALID.evolve(round=2, participants={A: 1, B: 2}),
-        "round 2 completed with ranks [1, 2], not 0..1",
+        "round 2 completed with ranks [1, 2] in sorted node order, not 0..1",
         id="next-round-completed-with-stale-ranks",
     ),
 ]
@@ -179,6 +179,16 @@ def test_step_invariant_violation_is_reported_by_name(
     found = check_step(before, after, S)
     assert [n for n, _ in found] == [name]
     assert message in found[0][1]
+
+
+def test_completion_in_reverse_order_breaks_both_rank_invariants() -> None:
+    before = OPEN3.evolve(participants={A: 0, B: 0})
+    after = RendezvousState.build(
+        complete=True, participants={A: 1, B: 0}, last_heartbeats={A: T, B: T}
+    )
+    found = dict(check_step(before, after, S))
+    assert sorted(found) == ["complete_ranks_distinct", "completion_assigns_ranks"]
+    assert "ranks [1, 0] in sorted node order, not 0..1" in found["completion_assigns_ranks"]
 
 
 def test_every_step_invariant_has_a_violation_case() -> None:

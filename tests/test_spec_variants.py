@@ -12,7 +12,7 @@ from spec.machine import Config, Fail, Local, Now, ReadResult, StartOp, step
 from spec.settings import Settings
 from spec.state import NodeId, RendezvousState
 from spec.tables import Atom, Table, row
-from spec.variants import TORCH_213, UPSTREAM, VARIANTS, Variant, get_variant
+from spec.variants import HARDENED, TORCH_213, UPSTREAM, VARIANTS, Variant, get_variant
 from spec.vocabulary import Action, FailKind, Op
 
 
@@ -38,18 +38,33 @@ def test_torch_213_differs_from_upstream_only_in_prune_marks_dirty() -> None:
 
 
 def test_registry_and_lookup() -> None:
-    assert dict(VARIANTS) == {"upstream": UPSTREAM, "torch-2.13": TORCH_213}
+    assert dict(VARIANTS) == {"upstream": UPSTREAM, "torch-2.13": TORCH_213, "hardened": HARDENED}
     assert get_variant("upstream") is UPSTREAM
     assert get_variant("torch-2.13") is TORCH_213
+    assert get_variant("hardened") is HARDENED
 
 
-@pytest.mark.parametrize("name", ["hardened", "", "UPSTREAM", "torch"])
+def test_hardened_is_a_small_named_diff_of_upstream() -> None:
+    assert HARDENED.parent == "upstream"
+    assert HARDENED.changes == (
+        "join: insert before row 6: [past_deadline and not complete and participant and "
+        "size_in_range -> mark_rendezvous_complete]",
+        "sanitize: sanitize -> sanitize_ending_broken_rounds",
+    )
+    assert HARDENED.prune_marks_dirty is UPSTREAM.prune_marks_dirty
+    assert dict(HARDENED.effects) == dict(UPSTREAM.effects)
+    for op in Op:
+        if op is not Op.JOIN:
+            assert HARDENED.table(op) == UPSTREAM.table(op)
+
+
+@pytest.mark.parametrize("name", ["hardend", "", "UPSTREAM", "torch"])
 def test_unknown_variant_lists_the_known_names(name: str) -> None:
     with pytest.raises(ValueError) as info:
         get_variant(name)
     message = str(info.value)
     assert f"unknown protocol variant {name!r}" in message
-    assert "choose one of: torch-2.13, upstream" in message
+    assert "choose one of: hardened, torch-2.13, upstream" in message
 
 
 # -- derive --------------------------------------------------------------------------------

@@ -1,0 +1,476 @@
+"""The torchrun plug-in: ``torchrun --rdzv-backend=rdzv --rdzv-endpoint=sqlite:///...``.
+
+torchrun finds out-of-tree rendezvous backends in the ``torchrun.handlers`` entry-point
+group. It loads :func:`torchrun_handler_creator`, calls it with no arguments and
+registers the callable it returns (:func:`create_torchrun_handler`) under the entry
+point's name, ``rdzv``. That creator turns torch's ``RendezvousParameters`` into a
+handler torch's elastic agent accepts: an instance of torch's ``RendezvousHandler`` that
+delegates every protocol decision to :class:`rdzv.handler.DynamicRendezvousHandler`.
+
+Contract with torch's agent (``torch/distributed/elastic/agent/server/api.py`` and
+``local_elastic_agent.py`` of torch 2.13):
+
+- ``next_rendezvous()`` returns torch's ``RendezvousInfo``; its ``store`` is the round's
+  namespace of our store (fresh per round) as a ``torch.distributed.Store``
+  (:func:`torch_store`: ``set``, ``get``, ``add``, ``wait``, ``multi_get``,
+  ``multi_set``, ``compare_set``, ``check``, ``set_timeout`` and ``timeout``; a store
+  timeout raises torch's ``DistStoreError``); its ``bootstrap_store_info`` is torch's
+  ``RendezvousStoreInfo``, published by the round's rank 0, the same for every member;
+- with ``use_agent_store`` (the default, as in torch), rank 0's *agent* hosts a torch
+  ``TCPStore`` server, a fresh one per round, kept until its next ``next_rendezvous`` or
+  ``shutdown`` (so it outlives the round's workers, which connect to it as clients);
+- every error of ours leaves the adapter as torch's error of the same name. One
+  exception: a redundant node's graceful exit raises :class:`RedundantNodeExit`, a
+  ``SystemExit(0)``, because torch 2.13's launcher turns torch's own graceful-exit error
+  into exit status 1 (``exit_when_redundant=false`` raises torch's error instead).
+
+torchrun always puts ``timeout`` into the config (900 s unless ``--rdzv-conf timeout=``
+or the legacy ``rdzv_timeout`` says otherwise). torch's own dynamic handler ignores it;
+here it is the join timeout whenever ``join_timeout`` is not given.
+
+This module never imports torch at import time: torch is imported when torchrun calls
+the creator (it is loaded by then anyway).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, cast
+
+from rdzv.api import RendezvousParameters, RendezvousStoreInfo
+from rdzv.errors import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousGracefulExitError,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+    StoreTimeoutError,
+)
+from rdzv.handler import DynamicRendezvousHandler, create_handler
+from rdzv.store import PrefixStore, Store
+
+__all__ = [
+    "BACKEND_NAME",
+    "CONFIG_KEYS",
+    "PluginOptions",
+    "RedundantNodeExit",
+    "TorchStore",
+    "TorchrunHandler",
+    "create_torchrun_handler",
+    "rdzv_parameters",
+    "torch_store",
+    "torchrun_handler_creator",
+]
+
+logger = logging.getLogger(__name__)
+
+BACKEND_NAME = "rdzv"
+"""The entry point's name, what ``--rdzv-backend`` selects and ``get_backend()`` says."""
+
+HANDLER_KEYS: tuple[str, ...] = (
+    "cache_duration",
+    "close_timeout",
+    "heartbeat_timeout",
+    "join_timeout",
+    "keep_alive_interval",
+    "keep_alive_max_attempt",
+    "last_call_timeout",
+    "protocol",
+)
+"""Config keys :func:`rdzv.handler.create_handler` reads."""
+PLUGIN_KEYS: tuple[str, ...] = ("exit_when_redundant", "timeout", "use_agent_store")
+"""Config keys only this plug-in reads."""
+CONFIG_KEYS: tuple[str, ...] = tuple(sorted(HANDLER_KEYS + PLUGIN_KEYS))
+"""Every ``--rdzv-conf`` key the ``rdzv`` backend accepts; any other is an error."""
+
+DISABLE_AGENT_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+"""torch's switch: ``1`` turns the shared agent store off (honoured here as in torch)."""
+AGENT_STORE_NAMESPACE = "torchrun-agent-store"
+"""Sub-namespace of a round's store where rank 0 publishes its agent store's address."""
+MIN_AGENT_STORE_WAIT = timedelta(seconds=1)
+"""Non-zero ranks wait at least this long for rank 0's agent store address."""
+
+
+# -- parameters ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PluginOptions:
+    """What the plug-in's own ``--rdzv-conf`` keys say."""
+
+    use_agent_store: bool = True
+    """Rank 0's agent hosts the workers' TCPStore (torch's default)."""
+    exit_when_redundant: bool = True
+    """A redundant node's ``next_rendezvous`` raises :class:`RedundantNodeExit`
+    (torchrun exits 0) instead of torch's ``RendezvousGracefulExitError``."""
+
+
+class RedundantNodeExit(SystemExit):
+    """This node was redundant (its round was full) when the job ended: exit with 0.
+
+    A ``SystemExit`` so that it passes torch's agent and launcher, which run their
+    clean-up (``finally``) on the way, and torchrun exits with status 0. torch 2.13's
+    launcher turns its own ``RendezvousGracefulExitError`` into status 1 (the agent
+    swallows it and returns no result, and the launcher then fails on that).
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def rdzv_parameters(params: Any) -> tuple[RendezvousParameters, PluginOptions]:
+    """Our parameters from torch's (or ours), and the plug-in's own options.
+
+    Checks every ``--rdzv-conf`` key and value and raises ``ValueError`` naming the key,
+    the value and the fix. ``timeout`` becomes ``join_timeout`` unless that is given.
+    """
+    missing = [
+        name
+        for name in ("backend", "endpoint", "run_id", "min_nodes", "max_nodes", "config")
+        if not hasattr(params, name)
+    ]
+    if missing:
+        raise TypeError(
+            f"expected torch's RendezvousParameters, got {type(params).__name__} without "
+            f"{', '.join(missing)}; torchrun passes them, or build "
+            f"torch.distributed.elastic.rendezvous.RendezvousParameters yourself"
+        )
+    config = dict(params.config)
+    unknown = sorted(key for key in config if key not in CONFIG_KEYS)
+    if unknown:
+        raise ValueError(
+            f"--rdzv-conf key(s) {unknown} are not options of the {BACKEND_NAME!r} rendezvous "
+            f"backend; remove them (c10d's TCPStore options do not apply) or use one of "
+            f"{list(CONFIG_KEYS)}"
+        )
+    endpoint = params.endpoint
+    if not isinstance(endpoint, str) or not endpoint.strip():
+        raise ValueError(
+            f"the {BACKEND_NAME!r} rendezvous backend needs a store URL as endpoint, got "
+            f"{endpoint!r}; pass e.g. --rdzv-endpoint=sqlite:///tmp/job.db "
+            f"(or redis://host:6379/0, etcd://host:2379)"
+        )
+    ours = RendezvousParameters(
+        params.backend,
+        endpoint,
+        params.run_id,
+        params.min_nodes,
+        params.max_nodes,
+        getattr(params, "local_addr", None),
+        **config,
+    )
+    # The plug-in's own keys are read (so bad values get the usual clear errors) and
+    # taken out: the handler does not know them.
+    seconds = ours.get_as_float("timeout")
+    if seconds is not None and seconds <= 0:
+        raise ValueError(
+            f"config option 'timeout' is {config['timeout']!r}, which is not a positive "
+            f"number of seconds; torchrun's timeout (default 900) is the join timeout of "
+            f"the {BACKEND_NAME!r} backend: pass e.g. timeout=900"
+        )
+    share = ours.get_as_bool("use_agent_store", True) is not False
+    if os.environ.get(DISABLE_AGENT_STORE_ENV, "0") == "1":
+        share = False
+    options = PluginOptions(
+        use_agent_store=share,
+        exit_when_redundant=ours.get_as_bool("exit_when_redundant", True) is not False,
+    )
+    for key in PLUGIN_KEYS:
+        ours.config.pop(key, None)
+    if seconds is not None and "join_timeout" not in ours.config:
+        ours.config["join_timeout"] = seconds
+    return ours, options
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+_ERROR_NAMES: tuple[tuple[type[RendezvousError], str], ...] = (
+    # Most specific first: the first class the error is an instance of wins.
+    (RendezvousGracefulExitError, "RendezvousGracefulExitError"),
+    (RendezvousClosedError, "RendezvousClosedError"),
+    (RendezvousTimeoutError, "RendezvousTimeoutError"),
+    (RendezvousConnectionError, "RendezvousConnectionError"),
+    (RendezvousStateError, "RendezvousStateError"),
+    (RendezvousError, "RendezvousError"),
+)
+
+
+def torch_error(error: RendezvousError) -> Exception:
+    """torch's error of the same name as ``error``, with the same message and
+    ``error`` as its cause."""
+    from torch.distributed.elastic.rendezvous import api as torch_api
+
+    name = next(name for ours, name in _ERROR_NAMES if isinstance(error, ours))
+    translated: Exception = getattr(torch_api, name)(str(error))
+    translated.__cause__ = error
+    return translated
+
+
+def _store_error(error: Exception) -> Exception:
+    """torch's store errors for ours: a store timeout is a ``DistStoreError``."""
+    import torch.distributed as dist
+
+    if isinstance(error, StoreTimeoutError):
+        translated: Exception = dist.DistStoreError(str(error))
+    elif isinstance(error, RendezvousConnectionError):
+        translated = dist.DistNetworkError(str(error))
+    else:
+        return error
+    translated.__cause__ = error
+    return translated
+
+
+# -- the store the agent uses ----------------------------------------------------------------
+
+
+class TorchStore:
+    """One of our stores with the methods and errors of ``torch.distributed.Store``
+    that torch's elastic agent uses.
+
+    A store timeout raises ``torch.distributed.DistStoreError`` (what torch's store
+    utilities catch), an unreachable store ``torch.distributed.DistNetworkError``.
+    """
+
+    def __init__(self, store: Store) -> None:
+        super().__init__()  # torch's Store, when this is mixed into it
+        self._store = store
+
+    @property
+    def underlying_store(self) -> Store:
+        return self._store
+
+    def _call(self, method: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return method(*args)
+        except (StoreTimeoutError, RendezvousConnectionError) as exc:
+            raise _store_error(exc) from exc
+
+    @property
+    def timeout(self) -> timedelta:
+        return self._store.timeout
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._store.set_timeout(timeout)
+
+    def set(self, key: str, value: bytes | str) -> None:
+        self._call(self._store.set, key, value)
+
+    def get(self, key: str) -> bytes:
+        value: bytes = self._call(self._store.get, key)
+        return value
+
+    def add(self, key: str, amount: int) -> int:
+        value: int = self._call(self._store.add, key, amount)
+        return value
+
+    def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
+        value: bytes = self._call(self._store.compare_set, key, expected, desired)
+        return value
+
+    def wait(self, keys: Sequence[str], timeout: timedelta | None = None) -> None:
+        self._call(self._store.wait, list(keys), timeout)
+
+    def check(self, keys: Sequence[str]) -> bool:
+        found: bool = self._call(self._store.check, list(keys))
+        return found
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+        values: list[bytes] = self._call(self._store.multi_get, list(keys))
+        return values
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[bytes | str]) -> None:
+        self._call(self._store.multi_set, list(keys), list(values))
+
+    def delete_key(self, key: str) -> bool:
+        deleted: bool = self._call(self._store.delete_key, key)
+        return deleted
+
+    def num_keys(self) -> int:
+        count: int = self._call(self._store.num_keys)
+        return count
+
+
+@functools.cache
+def _torch_store_class() -> type[TorchStore]:
+    """:class:`TorchStore` that is also a ``torch.distributed.Store``."""
+    from torch._C._distributed_c10d import Store as TorchBaseStore
+
+    class TorchrunStore(TorchStore, TorchBaseStore):
+        """An rdzv store as a ``torch.distributed.Store`` (made by the torchrun plug-in)."""
+
+    TorchrunStore.__module__ = __name__
+    return TorchrunStore
+
+
+def torch_store(store: Store) -> TorchStore:
+    """``store`` as a ``torch.distributed.Store`` (an instance of :class:`TorchStore`).
+
+    torch's Python code calls its methods directly. torch's C++ wrappers (e.g.
+    ``torch.distributed.PrefixStore`` around it) reach ``set``, ``get``, ``add``,
+    ``compare_set``, ``check``, ``wait``, ``multi_get`` and ``multi_set``; torch does not
+    forward ``delete_key`` and ``num_keys`` of Python stores.
+    """
+    return _torch_store_class()(store)
+
+
+# -- the handler -----------------------------------------------------------------------------
+
+
+class TorchrunHandler:
+    """Adapts :class:`~rdzv.handler.DynamicRendezvousHandler` to torch's agent.
+
+    At run time the object torchrun gets is an instance of a subclass that also derives
+    from torch's ``RendezvousHandler`` (see :func:`create_torchrun_handler`).
+    """
+
+    def __init__(
+        self, handler: DynamicRendezvousHandler, options: PluginOptions | None = None
+    ) -> None:
+        self._handler = handler
+        self._options = options if options is not None else PluginOptions()
+        self._server: Any = None  # rank 0's torch TCPStore of the current round
+        self._join_timeout = handler.settings.timeout.join
+
+    # torch's API -----------------------------------------------------------------------------
+    def get_backend(self) -> str:
+        return BACKEND_NAME
+
+    @property
+    def use_agent_store(self) -> bool:
+        return self._options.use_agent_store
+
+    def get_run_id(self) -> str:
+        return self._handler.get_run_id()
+
+    def next_rendezvous(self) -> Any:
+        """Join the next round; torch's ``RendezvousInfo`` for it."""
+        from torch.distributed.elastic.rendezvous import api as torch_api
+
+        # The agent has stopped the previous round's workers before it asks for a new
+        # round, so the previous round's agent store has no client left.
+        self._stop_server()
+        try:
+            info = self._handler.next_rendezvous()
+            addr = info.bootstrap_store_info.master_addr
+            port = info.bootstrap_store_info.master_port
+            if self._options.use_agent_store:
+                port = self._share_agent_store(info.rank, info.store, addr)
+        except RendezvousGracefulExitError as exc:
+            if not self._options.exit_when_redundant:
+                raise torch_error(exc) from exc
+            logger.warning("%s; leaving with SystemExit(0): torchrun exits with status 0", exc)
+            raise RedundantNodeExit(str(exc)) from exc
+        except RendezvousError as exc:
+            raise torch_error(exc) from exc
+        return torch_api.RendezvousInfo(
+            cast(Any, torch_store(info.store)),  # torch's Store, made at run time
+            info.rank,
+            info.world_size,
+            torch_api.RendezvousStoreInfo(addr, port),
+        )
+
+    def is_closed(self) -> bool:
+        try:
+            return self._handler.is_closed()
+        except RendezvousError as exc:
+            raise torch_error(exc) from exc
+
+    def set_closed(self) -> None:
+        try:
+            self._handler.set_closed()
+        except RendezvousError as exc:
+            raise torch_error(exc) from exc
+
+    def num_nodes_waiting(self) -> int:
+        try:
+            return self._handler.num_nodes_waiting()
+        except RendezvousError as exc:
+            raise torch_error(exc) from exc
+
+    def shutdown(self) -> bool:
+        closed = self._handler.shutdown()
+        self._stop_server()
+        return closed
+
+    # extras ----------------------------------------------------------------------------------
+    @property
+    def handler(self) -> DynamicRendezvousHandler:
+        """The rdzv handler behind this adapter."""
+        return self._handler
+
+    @property
+    def agent_store_port(self) -> int | None:
+        """The port of the agent store this node hosts (rank 0 only), else None."""
+        return None if self._server is None else int(self._server.port)
+
+    # internals -------------------------------------------------------------------------------
+    def _share_agent_store(self, rank: int, round_store: Store, addr: str) -> int:
+        """Rank 0 starts a fresh TCPStore server and publishes its port in the round's
+        namespace; every member returns that port."""
+        from torch._C._distributed_c10d import TCPStore
+
+        server_port: int | None = None
+        if rank == 0:
+            # A fresh server per round: no key of a previous round's workers survives.
+            self._server = TCPStore(host_name=addr, port=0, is_master=True, wait_for_workers=False)
+            server_port = int(self._server.port)
+        wait = max(self._join_timeout, MIN_AGENT_STORE_WAIT)
+        shared = PrefixStore(AGENT_STORE_NAMESPACE, round_store)
+        try:
+            info = RendezvousStoreInfo.build(rank, shared, addr, server_port, timeout=wait)
+        except StoreTimeoutError as exc:
+            raise RendezvousTimeoutError(
+                f"rank 0 of this round did not publish its agent store within "
+                f"{wait.total_seconds():g} s; it may have died: the agent will rendezvous "
+                f"again if restarts are left"
+            ) from exc
+        if info.master_addr != addr:
+            raise RendezvousStateError(
+                f"rank 0 published its agent store at {info.master_addr!r} but its "
+                f"bootstrap address at {addr!r}; another program writes into this run's "
+                f"namespace: use a run id of its own"
+            )
+        return info.master_port
+
+    def _stop_server(self) -> None:
+        # Dropping the last reference to a torch TCPStore stops its server.
+        self._server = None
+
+
+@functools.cache
+def _torch_handler_class() -> type[TorchrunHandler]:
+    """:class:`TorchrunHandler` that is also torch's ``RendezvousHandler``."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousHandler as TorchHandler
+
+    class TorchrunRendezvousHandler(TorchrunHandler, TorchHandler):
+        """rdzv's handler as torch's ``RendezvousHandler`` (made by torchrun)."""
+
+    TorchrunRendezvousHandler.__module__ = __name__
+    return TorchrunRendezvousHandler
+
+
+def create_torchrun_handler(params: Any) -> TorchrunHandler:
+    """The creator torchrun registers: torch's ``RendezvousParameters`` in, an instance
+    of torch's ``RendezvousHandler`` out (see the module docstring)."""
+    ours, options = rdzv_parameters(params)
+    try:
+        handler = create_handler(ours)
+    except RendezvousError as exc:
+        raise torch_error(exc) from exc
+    return _torch_handler_class()(handler, options)
+
+
+def torchrun_handler_creator() -> Callable[[Any], TorchrunHandler]:
+    """The ``torchrun.handlers`` entry point: torch calls it with no arguments and
+    registers what it returns as the creator of the ``rdzv`` backend."""
+    return create_torchrun_handler
