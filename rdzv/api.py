@@ -55,7 +55,7 @@ DEFAULT_KEEP_ALIVE_MAX_ATTEMPT = 3
 """Missed heartbeats after which a node is pruned as dead (torch's default)."""
 DEFAULT_CACHE_DURATION = 1.0
 """Seconds a node reuses its last read of the state (torch's default)."""
-DEFAULT_PROTOCOL = "upstream"
+DEFAULT_PROTOCOL = "hardened"
 """The protocol variant (``spec.variants``) a handler runs unless told otherwise."""
 
 

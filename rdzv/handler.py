@@ -732,7 +732,7 @@ def create_handler(
     Config keys (strings are parsed; durations in seconds, fractions allowed):
     ``join_timeout`` (600), ``last_call_timeout`` (30), ``close_timeout`` (30),
     ``heartbeat_timeout`` (5), ``keep_alive_interval`` (5), ``keep_alive_max_attempt`` (3),
-    ``cache_duration`` (1), ``protocol`` ("upstream").
+    ``cache_duration`` (1), ``protocol`` ("hardened").
     """
     if len(args) == 1:
         params = args[0]
