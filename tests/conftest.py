@@ -18,6 +18,95 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("dev", deadline=None)
-settings.load_profile(
-    os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev")
-)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+# -- real store servers (redis-server, etcd) ------------------------------------------------
+# A missing binary raises servers.ServerMissing (tests/servers.py): the tests fail, never skip.
+
+from collections.abc import Callable, Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+from servers import Certs, EtcdServer, RedisServer, TcpProxy, make_certs  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One plain redis-server shared by a session's conformance tests (each store uses
+    its own key prefix)."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """One plain etcd shared by a session's conformance tests (each store uses its own
+    key prefix)."""
+    server = EtcdServer(tmp_path_factory.mktemp("etcd"))
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    """A throwaway CA with server (127.0.0.1) and client certificates."""
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture
+def start_redis(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
+    """``start_redis(persistent=..., password=..., certs=...)`` starts a private server;
+    every server started is stopped after the test."""
+    started: list[RedisServer] = []
+
+    def start(**options: Any) -> RedisServer:
+        server = RedisServer(tmp_path / f"redis{len(started)}", **options)
+        started.append(server)
+        return server.start()
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()
+
+
+@pytest.fixture
+def start_etcd(tmp_path: Path) -> Iterator[Callable[..., EtcdServer]]:
+    """``start_etcd(certs=...)`` starts a private etcd; stopped after the test."""
+    started: list[EtcdServer] = []
+
+    def start(**options: Any) -> EtcdServer:
+        server = EtcdServer(tmp_path / f"etcd{len(started)}", **options)
+        started.append(server)
+        return server.start()
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()
+
+
+@pytest.fixture
+def tcp_proxy() -> Iterator[Callable[[int], TcpProxy]]:
+    """``tcp_proxy(port)`` starts a proxy to 127.0.0.1:port; stopped after the test."""
+    started: list[TcpProxy] = []
+
+    def start(port: int) -> TcpProxy:
+        proxy = TcpProxy(port).start()
+        started.append(proxy)
+        return proxy
+
+    try:
+        yield start
+    finally:
+        for proxy in started:
+            proxy.stop()

@@ -1,0 +1,739 @@
+"""A store on etcd v3: ``etcd://[user:password@]host:port`` and ``etcds://`` (TLS).
+
+Theory of operation:
+
+- Transport: etcd's v3 JSON gateway (``/v3/kv/range``, ``/v3/kv/put``, ``/v3/kv/txn``,
+  ``/v3/kv/deleterange``, ``/v3/watch``, ``/v3/auth/authenticate``; keys and values
+  base64) over one thread-safe ``httpx.Client``. The gateway is served by every etcd
+  3.4+ on its client port, so no gRPC stack or generated code is needed; ``httpx`` is a
+  maintained, typed HTTP client with TLS client certificates and streaming responses.
+- Keys of one store live under a namespace (URL parameter ``prefix``, default
+  ``rdzv``): store key ``k`` is the etcd key ``<prefix>/k``; ``num_keys`` is one
+  count-only range over the namespace.
+- ``compare_set`` decides from the key's value and writes in a transaction that compares
+  the key's ``mod_revision`` with the one the decision was based on (so it writes only
+  if nothing changed in between); a failed transaction returns the current value and
+  revision, and the decision is made again, at most ``MAX_CAS_ROUNDS`` times. The store
+  remembers the last (value, mod_revision) it saw per key (at most ``SEEN_ENTRIES``), so
+  a ``compare_set`` right after a read needs no read of its own. ``add`` reads, computes
+  and writes the same way, and also writes a record key ``<prefix>#add/<token>`` in its
+  transaction.
+- Blocking calls read the key and the store's revision ``R``, then open a watch from
+  ``R + 1`` (a streaming HTTP response), so any write after the read is delivered; an
+  event showing a different value answers ``wait_for_change`` at once, otherwise they
+  re-read, and they stop at their deadline. Nothing polls.
+- An epoch key ``<prefix>#epoch`` is created at open; every read reads it and every
+  write is conditioned on it, so a wiped server is noticed at the next request.
+- Values are raw bytes; the store never decodes, evaluates or unpickles them.
+
+Failures: transport errors and etcd's "unavailable" answers are retried ``retries``
+times with backoff (:mod:`rdzv.stores.remote`), then raised as
+:class:`~rdzv.errors.RendezvousConnectionError` naming the endpoint (password redacted).
+A transaction whose reply was lost is resolved by reading: an unchanged ``mod_revision``
+proves it did not apply (then it may be sent again, still conditional); for ``add``, the
+record key tells. With ``user:password@`` the store authenticates and renews its token
+when etcd reports it invalid. Once the epoch key is gone or different (the data
+directory was wiped) or the cluster id in the replies changed, every call raises
+``RendezvousConnectionError``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from rdzv.errors import RendezvousConnectionError
+from rdzv.store import DEFAULT_STORE_TIMEOUT, as_bytes
+from rdzv.stores.common import (
+    check_key,
+    check_keys,
+    check_pairs,
+    check_timeout,
+    encode_counter,
+    parse_counter,
+    timeout_error,
+    wait_seconds,
+)
+from rdzv.stores.remote import (
+    DEFAULT_RETRIES,
+    MAX_RETRIES,
+    backoff_delays,
+    float_param,
+    int_param,
+    parse_remote_url,
+    tls_params,
+    unreachable,
+    with_retries,
+)
+from rdzv.stores.url import StoreUrlError
+
+T = TypeVar("T")
+
+DEFAULT_PORT = 2379
+DEFAULT_PREFIX = "rdzv"
+DEFAULT_REQUEST_TIMEOUT_S = 10.0
+"""Bound on one request's round trip (URL parameter ``request_timeout``)."""
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+"""Bound on opening one connection (URL parameter ``connect_timeout``)."""
+SEEN_ENTRIES = 1_024
+"""Bound on the per-store cache of (value, mod_revision) used by ``compare_set``."""
+MAX_CAS_ROUNDS = 1_000
+"""Bound on read-then-transaction rounds of one ``compare_set``/``add`` under contention."""
+_PARAMS = (
+    "prefix",
+    "retries",
+    "request_timeout",
+    "connect_timeout",
+    "ca",
+    "cert",
+    "key",
+    "check_hostname",
+)
+_HINT = (
+    "check that etcd runs and serves clients there (etcd --listen-client-urls), that no "
+    "firewall blocks the port, and the credentials/TLS settings in the URL"
+)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str | None) -> bytes:
+    return b"" if not text else base64.b64decode(text)
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with ``prefix``."""
+    raw = bytearray(prefix)
+    while raw:
+        if raw[-1] < 0xFF:
+            raw[-1] += 1
+            return bytes(raw)
+        raw.pop()
+    return b"\0"
+
+
+class _Transient(Exception):
+    """An answer worth retrying (etcd unavailable, token expired)."""
+
+
+class _Unknown(Exception):
+    """A request may have been applied, but its reply was lost."""
+
+
+class EtcdStore:
+    """A store in the etcd cluster named by ``url`` (see the module docstring)."""
+
+    def __init__(self, url: str, *, timeout: timedelta = DEFAULT_STORE_TIMEOUT) -> None:
+        import httpx
+
+        self._httpx = httpx
+        parsed = parse_remote_url(url, DEFAULT_PORT, _PARAMS)
+        if parsed.scheme not in ("etcd", "etcds"):
+            raise StoreUrlError(f"{parsed.shown!r} is not an etcd:// or etcds:// URL")
+        if parsed.path.strip("/"):
+            raise StoreUrlError(
+                f"{parsed.shown!r} has a path; etcd URLs are etcd://host:port "
+                "(choose the namespace with ?prefix=...)"
+            )
+        if (parsed.username is None) != (parsed.password is None):
+            raise StoreUrlError(f"{parsed.shown!r}: give both user and password (user:pw@host)")
+        self._shown = parsed.shown
+        self._prefix = parsed.params.get("prefix", DEFAULT_PREFIX)
+        if not self._prefix or "#" in self._prefix or " " in self._prefix:
+            raise StoreUrlError(
+                f"prefix={self._prefix!r} in {parsed.shown!r} must be a non-empty name "
+                "without '#' or spaces"
+            )
+        self._ns = f"{self._prefix}/".encode()
+        self._retries = int_param(parsed, "retries", DEFAULT_RETRIES, 0, MAX_RETRIES)
+        request_timeout = float_param(parsed, "request_timeout", DEFAULT_REQUEST_TIMEOUT_S)
+        connect_timeout = float_param(parsed, "connect_timeout", DEFAULT_CONNECT_TIMEOUT_S)
+        assert request_timeout is not None and connect_timeout is not None
+        self._connect_timeout = connect_timeout
+        self._request_timeout = request_timeout
+        tls = tls_params(parsed, parsed.scheme == "etcds")
+        self._timeout = check_timeout(timeout)
+        self._user = parsed.username
+        self._password = parsed.password
+        self._token: str | None = None
+        self._auth_lock = threading.Lock()
+        self._cluster_id: str | None = None
+        self._seen: dict[bytes, tuple[bytes, int]] = {}
+        self._lost: str | None = None
+        scheme = "https" if tls is not None else "http"
+        self._http = httpx.Client(
+            base_url=f"{scheme}://{parsed.host}:{parsed.port}",
+            timeout=httpx.Timeout(request_timeout, connect=connect_timeout),
+            verify=True if tls is None else tls.context(),
+            # Each waiting thread holds one streaming connection; do not cap them.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
+            trust_env=False,
+        )
+        self._epoch_key = f"{self._prefix}#epoch".encode()
+        self._epoch: bytes | None = None
+        try:
+            self._epoch = self._call("connecting", self._init_epoch)
+        except BaseException:
+            self._http.close()
+            raise
+
+    # -- plumbing --------------------------------------------------------------------
+
+    @property
+    def endpoint(self) -> str:
+        """The URL, password redacted."""
+        return self._shown
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._shown!r}, prefix={self._prefix!r})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _k(self, key: str) -> bytes:
+        return self._ns + check_key(key).encode("utf-8")
+
+    def _headers(self) -> dict[str, str]:
+        if self._user is None:
+            return {}
+        with self._auth_lock:
+            if self._token is None:
+                self._token = self._authenticate()
+            return {"Authorization": self._token}
+
+    def _authenticate(self) -> str:
+        body = {"name": self._user, "password": self._password}
+        reply = self._http.post("/v3/auth/authenticate", json=body)
+        data = self._decode(reply, "authenticating", authenticating=True)
+        token = data.get("token")
+        if not isinstance(token, str):
+            raise RendezvousConnectionError(
+                f"etcd at {self._shown} answered authenticate without a token; is auth "
+                "enabled on the server (etcdctl auth enable)?"
+            )
+        return token
+
+    def _init_epoch(self) -> bytes:
+        """Create the namespace's epoch token unless it exists; return it."""
+        key = _b64(self._epoch_key)
+        body = {
+            "compare": [
+                {"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+            ],
+            "success": [{"request_put": {"key": key, "value": _b64(uuid.uuid4().hex.encode())}}],
+        }
+        self._post("/v3/kv/txn", body, "connecting")
+        kvs, _ = self._range_raw([self._epoch_key])
+        if kvs[0] is None:  # deleted in between: try again
+            raise _Transient("the epoch key vanished right after it was created")
+        return _unb64(kvs[0].get("value"))
+
+    def _data_lost(self, seen: bytes | None) -> RendezvousConnectionError:
+        self._lost = (
+            f"etcd at {self._shown} lost this store's data (its epoch key "
+            f"{self._epoch_key.decode()!r} holds {seen!r}, not {self._epoch!r}): its data "
+            "directory was wiped, or the endpoint now names another cluster. The rendezvous "
+            "state is gone: restart the job"
+        )
+        return RendezvousConnectionError(self._lost)
+
+    def _epoch_guard(self) -> list[dict[str, Any]]:
+        """A transaction compare that holds only while the epoch token is ours."""
+        if self._epoch is None:
+            return []
+        return [
+            {
+                "key": _b64(self._epoch_key),
+                "target": "VALUE",
+                "result": "EQUAL",
+                "value": _b64(self._epoch),
+            }
+        ]
+
+    def _decode(self, reply: Any, doing: str, authenticating: bool = False) -> dict[str, Any]:
+        """The JSON body of a gateway reply, or the error it reports."""
+        try:
+            data = reply.json()
+        except ValueError:
+            data = None
+        if reply.status_code == 200 and isinstance(data, dict):
+            self._check_cluster(data.get("header"))
+            return data
+        message = ""
+        if isinstance(data, dict):
+            message = str(data.get("message") or data.get("error") or "")
+        if not message:
+            message = f"HTTP {reply.status_code}: {reply.text[:200]!r}"
+        self._raise_for(message, doing, authenticating)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _raise_for(self, message: str, doing: str, authenticating: bool = False) -> None:
+        low = message.lower()
+        if "invalid auth token" in low or ("user name is empty" in low and self._user):
+            with self._auth_lock:
+                self._token = None  # renew on the next attempt
+            if not authenticating:
+                raise _Transient(message)
+        if "authentication failed" in low or "user name is empty" in low:
+            raise RendezvousConnectionError(
+                f"etcd at {self._shown} refused the credentials while {doing} ({message}); "
+                "check the user and password in the URL (etcd://user:password@host:port) "
+                "against the server's users (etcdctl user list)"
+            )
+        if "permission denied" in low:
+            raise RendezvousConnectionError(
+                f"the etcd user of {self._shown} may not do what {doing} needs ({message}); "
+                f"grant it readwrite on the key prefix {self._prefix!r} and "
+                f"'{self._prefix}#' (etcdctl role grant-permission --prefix)"
+            )
+        if any(w in low for w in ("unavailable", "leader", "too many requests", "timed out")):
+            raise _Transient(message)
+        raise RendezvousConnectionError(
+            f"etcd at {self._shown} failed while {doing}: {message}; check the server's log"
+        )
+
+    def _check_cluster(self, header: Any) -> None:
+        if not isinstance(header, dict) or "cluster_id" not in header:
+            return
+        cluster = str(header["cluster_id"])
+        if self._cluster_id is None:
+            self._cluster_id = cluster
+        elif cluster != self._cluster_id:
+            self._lost = (
+                f"etcd at {self._shown} now serves cluster {cluster}, not {self._cluster_id}: "
+                "its data directory was wiped or the endpoint moved, so the rendezvous state "
+                "is gone; restart the job"
+            )
+            raise RendezvousConnectionError(self._lost)
+
+    def _transient(self, exc: BaseException) -> bool:
+        return isinstance(exc, self._httpx.TransportError | _Transient | _Unknown)
+
+    def _call(
+        self,
+        doing: str,
+        call: Callable[[], T],
+        deadline: float | None = None,
+        expired: Callable[[], T] | None = None,
+    ) -> T:
+        if self._lost is not None:
+            raise RendezvousConnectionError(self._lost)
+
+        def fail(exc: BaseException, attempts: int) -> RendezvousConnectionError:
+            return unreachable("etcd", self._shown, doing, exc, attempts, _HINT)
+
+        return with_retries(
+            call,
+            retries=self._retries,
+            transient=self._transient,
+            fail=fail,
+            deadline=deadline,
+            expired=expired,
+        )
+
+    def _post(self, path: str, body: dict[str, Any], doing: str) -> dict[str, Any]:
+        """One request (no retry here; callers wrap it in :meth:`_call`)."""
+        if self._lost is not None:
+            raise RendezvousConnectionError(self._lost)
+        reply = self._http.post(path, json=body, headers=self._headers())
+        return self._decode(reply, doing)
+
+    # -- gateway operations ---------------------------------------------------------
+
+    def _range_raw(self, keys: Sequence[bytes]) -> tuple[list[dict[str, Any] | None], int]:
+        """Read ``keys`` in one snapshot: their kvs (None when absent) and the revision."""
+        # Every read also reads the epoch token: data loss is noticed on the next read.
+        ops = [{"request_range": {"key": _b64(k)}} for k in (*keys, self._epoch_key)]
+        data = self._post("/v3/kv/txn", {"success": ops}, "reading")
+        found: list[dict[str, Any] | None] = []
+        for response in data.get("responses", []):
+            kvs = response.get("response_range", {}).get("kvs", [])
+            found.append(kvs[0] if kvs else None)
+        epoch = found.pop()
+        seen = None if epoch is None else _unb64(epoch.get("value"))
+        if self._epoch is not None and seen != self._epoch:
+            raise self._data_lost(seen)
+        for key, kv in zip(keys, found, strict=True):
+            if kv is None:
+                self._remember(key, None, 0)
+            else:
+                self._remember(key, _unb64(kv.get("value")), int(kv.get("mod_revision", 0)))
+        revision = int(data.get("header", {}).get("revision", 0))
+        return found, revision
+
+    def _read(self, keys: Sequence[bytes], doing: str) -> tuple[list[bytes | None], int]:
+        kvs, revision = self._call(doing, lambda: self._range_raw(keys))
+        return [None if kv is None else _unb64(kv.get("value")) for kv in kvs], revision
+
+    def _read_one(self, key: bytes, doing: str) -> tuple[bytes | None, int]:
+        """The value of ``key`` (None when absent) and its ``mod_revision`` (0 then)."""
+        kvs, _ = self._call(doing, lambda: self._range_raw([key]))
+        kv = kvs[0]
+        if kv is None:
+            return None, 0
+        return _unb64(kv.get("value")), int(kv.get("mod_revision", 0))
+
+    def _txn_if_unchanged(
+        self, key: bytes, mod_revision: int, puts: list[tuple[bytes, bytes]], doing: str
+    ) -> tuple[bool, bytes | None, int]:
+        """Write ``puts`` if ``key``'s mod_revision is still ``mod_revision``.
+
+        Returns whether it did, and ``key``'s value (None when absent) and mod_revision
+        afterwards (read in the same transaction when it did not write). Raises
+        :class:`_Unknown` when the reply was lost."""
+        body = {
+            "compare": [
+                {
+                    "key": _b64(key),
+                    "target": "MOD",
+                    "result": "EQUAL",
+                    "mod_revision": str(mod_revision),
+                },
+                *self._epoch_guard(),
+            ],
+            "success": [{"request_put": {"key": _b64(k), "value": _b64(v)}} for k, v in puts],
+            "failure": [
+                {"request_range": {"key": _b64(key)}},
+                {"request_range": {"key": _b64(self._epoch_key)}},
+            ],
+        }
+        try:
+            data = self._post("/v3/kv/txn", body, doing)
+        except (self._httpx.ConnectError, self._httpx.ConnectTimeout):
+            raise  # never sent: an ordinary retry is safe
+        except self._httpx.TransportError as exc:
+            raise _Unknown(f"{doing}: the reply of a transaction was lost ({exc})") from exc
+        if data.get("succeeded", False):
+            revision = int(data.get("header", {}).get("revision", 0))
+            self._remember(key, puts[0][1] if puts[0][0] == key else None, revision)
+            return True, puts[0][1], revision
+        kvs = [
+            (r.get("response_range", {}).get("kvs") or [None])[0] for r in data.get("responses", [])
+        ]
+        if len(kvs) != 2:
+            raise _Transient(f"{doing}: a transaction answered {len(kvs)} ranges, not 2")
+        epoch = None if kvs[1] is None else _unb64(kvs[1].get("value"))
+        if self._epoch is not None and epoch != self._epoch:
+            raise self._data_lost(epoch)
+        if kvs[0] is None:
+            return False, None, 0
+        value, mod = _unb64(kvs[0].get("value")), int(kvs[0].get("mod_revision", 0))
+        self._remember(key, value, mod)
+        return False, value, mod
+
+    def _remember(self, key: bytes, value: bytes | None, mod_revision: int) -> None:
+        """Cache the last value seen for ``key`` with its mod_revision: a compare_set
+        whose expected value matches can skip its read (its transaction still compares
+        the mod_revision, so a stale entry costs a failed attempt, never a wrong write)."""
+        if value is None:
+            self._seen.pop(key, None)
+            return
+        if len(self._seen) >= SEEN_ENTRIES:
+            self._seen.clear()
+        self._seen[key] = (value, mod_revision)
+
+    # -- timeout ---------------------------------------------------------------------
+
+    @property
+    def timeout(self) -> timedelta:
+        return self._timeout
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._timeout = check_timeout(timeout)
+
+    # -- writes ----------------------------------------------------------------------
+
+    def set(self, key: str, value: bytes | str) -> None:
+        self.multi_set([key], [value])
+
+    def _guarded_write(self, ops: list[dict[str, Any]], doing: str) -> dict[str, Any]:
+        """Run ``ops`` in a transaction that applies only while the epoch is ours."""
+        body = {"compare": self._epoch_guard(), "success": ops}
+        data = self._call(doing, lambda: self._post("/v3/kv/txn", body, doing))
+        if not data.get("succeeded", False):
+            self._call(doing, lambda: self._range_raw([]))  # raises the data-loss error
+            raise self._data_lost(None)
+        return data
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[bytes | str]) -> None:
+        names = check_keys(keys)
+        check_pairs(names, values)
+        if not names:
+            return
+        ops = [
+            {"request_put": {"key": _b64(self._k(k)), "value": _b64(as_bytes(v))}}
+            for k, v in zip(names, values, strict=True)
+        ]
+        self._guarded_write(ops, "set")
+
+    def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
+        full, want, new = self._k(key), as_bytes(expected), as_bytes(desired)
+        # Start from what this store last saw of the key when it matches ``expected``
+        # (one round trip), or from "absent" for an empty expectation; else read it.
+        cached = self._seen.get(full)
+        current: bytes | None
+        if cached is not None and cached[0] == want:
+            current, mod = cached
+        elif not want:
+            current, mod = None, 0
+        else:
+            current, mod = self._read_one(full, "compare_set")
+        unknown = 0
+        for _ in range(MAX_CAS_ROUNDS):
+            if current is None and want:
+                return want  # torch's answer for an absent key and a non-empty expectation
+            if current is not None and current != want:
+                return current
+            try:
+                written, current, mod = self._call_once_then_resolve(
+                    full, mod, [(full, new)], "compare_set"
+                )
+            except _Unknown:
+                # The reply was lost: read what happened instead of writing again.
+                after, after_mod = self._read_one(full, "compare_set")
+                if after_mod == mod:
+                    unknown += 1
+                    self._after_unknown(unknown, "compare_set")
+                    current = after
+                    continue  # provably not applied: decide again from the same state
+                if after == new:
+                    return new
+                return want if after is None else after
+            if written:
+                return new
+            # Not written: ``current``/``mod`` are the key as the transaction found it.
+        raise RendezvousConnectionError(
+            f"compare_set on {key!r} at {self._shown} lost {MAX_CAS_ROUNDS} races in a row "
+            "to concurrent writers; something rewrites this key continuously"
+        )
+
+    def _call_once_then_resolve(
+        self, key: bytes, mod: int, puts: list[tuple[bytes, bytes]], doing: str
+    ) -> tuple[bool, bytes | None, int]:
+        """Run the conditional transaction, retrying only errors that prove it was not
+        sent; :class:`_Unknown` propagates to the caller, which resolves it by reading."""
+
+        def transient(exc: BaseException) -> bool:
+            return isinstance(exc, self._httpx.ConnectError | self._httpx.ConnectTimeout)
+
+        def fail(exc: BaseException, attempts: int) -> RendezvousConnectionError:
+            return unreachable("etcd", self._shown, doing, exc, attempts, _HINT)
+
+        def once() -> tuple[bool, bytes | None, int]:
+            try:
+                return self._txn_if_unchanged(key, mod, puts, doing)
+            except _Transient as exc:
+                # etcd answered "retry" (unavailable, timed out, token expired): a timed
+                # out proposal may still commit, so this too is resolved by reading.
+                raise _Unknown(str(exc)) from exc
+
+        return with_retries(once, retries=self._retries, transient=transient, fail=fail)
+
+    def _after_unknown(self, unknown: int, doing: str) -> None:
+        """Back off before resending a transaction that provably did not apply; give up
+        after ``retries`` unknown outcomes in one call."""
+        delays = backoff_delays(self._retries)
+        if unknown > len(delays):
+            raise RendezvousConnectionError(
+                f"the etcd store at {self._shown} failed while {doing}: {unknown} transactions "
+                f"in a row got no usable answer; {_HINT}"
+            )
+        time.sleep(delays[unknown - 1])
+
+    def add(self, key: str, amount: int) -> int:
+        full = self._k(key)
+        if not isinstance(amount, int) or isinstance(amount, bool):
+            raise TypeError(f"add() needs an int amount, got {type(amount).__name__}")
+        record = f"{self._prefix}#add/{uuid.uuid4().hex}".encode()
+        unknown = 0
+        try:
+            for _ in range(MAX_CAS_ROUNDS):
+                current, mod = self._read_one(full, "add")
+                new = (0 if current is None else parse_counter(key, current)) + amount
+                data = encode_counter(new)
+                try:
+                    if self._call_once_then_resolve(
+                        full, mod, [(full, data), (record, data)], "add"
+                    )[0]:
+                        return new
+                except _Unknown:
+                    done, _ = self._read_one(record, "add")
+                    if done is not None:
+                        return int(done)  # it happened: its result was recorded with it
+                    # Not applied (the record is written in the same transaction).
+                    unknown += 1
+                    self._after_unknown(unknown, "add")
+            raise RendezvousConnectionError(
+                f"add on {key!r} at {self._shown} lost {MAX_CAS_ROUNDS} races in a row"
+            )
+        finally:
+            self._forget(record)
+
+    def _forget(self, record: bytes) -> None:
+        body = {"key": _b64(record)}
+        # A leftover record is harmless: it lies outside the namespace.
+        with contextlib.suppress(RendezvousConnectionError):
+            self._call("add", lambda: self._post("/v3/kv/deleterange", body, "add"))
+
+    def delete_key(self, key: str) -> bool:
+        ops = [{"request_delete_range": {"key": _b64(self._k(key))}}]
+        data = self._guarded_write(ops, "delete_key")
+        deleted = data.get("responses", [{}])[0].get("response_delete_range", {})
+        return int(deleted.get("deleted", 0)) > 0
+
+    # -- reads -----------------------------------------------------------------------
+
+    def check(self, keys: Sequence[str]) -> bool:
+        full = [self._k(k) for k in check_keys(keys)]
+        if not full:
+            return True
+        values, _ = self._read(full, "check")
+        return all(v is not None for v in values)
+
+    def num_keys(self) -> int:
+        ops = [
+            {
+                "request_range": {
+                    "key": _b64(self._ns),
+                    "range_end": _b64(_prefix_end(self._ns)),
+                    "count_only": True,
+                }
+            }
+        ]
+        data = self._guarded_write(ops, "num_keys")  # guarded: a wiped server is reported
+        counted = data.get("responses", [{}])[0].get("response_range", {})
+        return int(counted.get("count", 0))
+
+    def get(self, key: str) -> bytes:
+        return self.multi_get([key])[0]
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+        names = check_keys(keys)
+        if not names:
+            return []
+        full = [self._k(k) for k in names]
+        seconds = wait_seconds(self._timeout)
+        deadline = time.monotonic() + seconds
+        while True:  # bounded by the deadline: each pass waits for a missing key
+            values, revision = self._read(full, "get")
+            missing = [k for k, v in zip(full, values, strict=True) if v is None]
+            if not missing:
+                return [v for v in values if v is not None]
+            if not self._watch(missing[0], revision, deadline, "get"):
+                raise timeout_error(self._shown, names, seconds)
+
+    def wait(self, keys: Sequence[str], timeout: timedelta | None = None) -> None:
+        names = check_keys(keys)
+        seconds = wait_seconds(self._timeout if timeout is None else timeout)
+        if not names:
+            return
+        full = sorted({self._k(k) for k in names})
+        deadline = time.monotonic() + seconds
+        while True:  # bounded by the deadline
+            values, revision = self._read(full, "wait")
+            missing = [k for k, v in zip(full, values, strict=True) if v is None]
+            if not missing:
+                return
+            if not self._watch(missing[0], revision, deadline, "wait"):
+                raise timeout_error(self._shown, names, seconds)
+
+    def wait_for_change(self, key: str, current: bytes | None, timeout: timedelta) -> bool:
+        full = self._k(key)
+        deadline = time.monotonic() + wait_seconds(timeout)
+        cached = self._seen.get(full)
+        # The value after the last event a watch delivered: an event that shows a
+        # different value answers without another read.
+        last: list[bytes | None] = []
+        # When the key held ``current`` at revision cached[1], a watch from just after it
+        # replays any later change, so the first read can be skipped.
+        if current is not None and cached is not None and cached[0] == current:
+            if not self._watch(full, cached[1], deadline, "wait_for_change", last):
+                return False
+            if last and last[0] != current:
+                return True
+        while True:  # bounded by the deadline
+            values, revision = self._read([full], "wait_for_change")
+            if values[0] != current:
+                return True
+            last.clear()
+            if not self._watch(full, revision, deadline, "wait_for_change", last):
+                return False
+            if last and last[0] != current:
+                return True
+
+    def _watch(
+        self,
+        key: bytes,
+        revision: int,
+        deadline: float,
+        doing: str,
+        last: list[bytes | None] | None = None,
+    ) -> bool:
+        """Sleep until ``key`` is written after ``revision`` (True) or the deadline
+        passes (False). True may also mean "look again" (a compacted history). When
+        events arrived and ``last`` is given, it receives the key's value after the last
+        one (None for a delete)."""
+        if time.monotonic() >= deadline:
+            return False
+        body = {"create_request": {"key": _b64(key), "start_revision": str(revision + 1)}}
+
+        def once() -> bool:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            timeout = self._httpx.Timeout(
+                self._request_timeout, connect=self._connect_timeout, read=remaining
+            )
+            try:
+                with self._http.stream(
+                    "POST", "/v3/watch", json=body, headers=self._headers(), timeout=timeout
+                ) as reply:
+                    if reply.status_code != 200:
+                        reply.read()
+                        self._decode(reply, doing)
+                    for line in reply.iter_lines():  # ends by an event or the read timeout
+                        if not line.strip():
+                            continue
+                        message = json.loads(line)
+                        if "error" in message:
+                            error = message["error"]
+                            self._raise_for(str(error.get("message", error)), doing)
+                        result = message.get("result", {})
+                        self._check_cluster(result.get("header"))
+                        events = result.get("events")
+                        if events and last is not None:
+                            final = events[-1]
+                            deleted = final.get("type") == "DELETE"
+                            kv = final.get("kv", {})
+                            last[:] = [None if deleted else _unb64(kv.get("value"))]
+                            self._remember(key, last[0], int(kv.get("mod_revision", 0)))
+                        if events or result.get("canceled"):
+                            return True
+                        if time.monotonic() >= deadline:
+                            return False
+            except self._httpx.ReadTimeout:
+                if time.monotonic() >= deadline - 0.001:
+                    return False
+                raise
+            # The server ended the stream: look again.
+            return True
+
+        return self._call(doing, once, deadline, expired=lambda: False)
+
+
+def open_etcd(url: str, timeout: timedelta) -> EtcdStore:
+    """Opener for ``etcd://`` and ``etcds://`` (see :func:`rdzv.stores.open_store`)."""
+    return EtcdStore(url, timeout=timeout)

@@ -1,0 +1,516 @@
+"""A store on a Redis server: ``redis://[user:password@]host:port/db`` and ``rediss://``.
+
+Theory of operation:
+
+- Keys of one store live under a namespace (URL parameter ``prefix``, default ``rdzv``):
+  store key ``k`` is the Redis key ``<prefix>:k``. A Redis set ``<prefix>#index`` lists
+  the namespace's keys, so ``num_keys`` is one ``SCARD`` rather than a scan.
+- Every write is a Lua script that writes the value(s), maintains the index, optionally
+  sets an expiry (``ttl``), and ``PUBLISH``\\ es on the key's change channel
+  ``__rdzv__:<db>:<redis key>`` in the same atomic step. Blocking calls (``get`` and
+  ``wait`` of missing keys, ``wait_for_change``) subscribe to the channels of their keys,
+  then read, then sleep in ``get_message`` until a publication or their deadline, and
+  re-read: a write after the read is always published after the subscription, so no
+  wake-up is lost and nothing polls.
+- ``compare_set`` is one Lua script (read, compare, write, publish). ``add`` is one Lua
+  script that ``INCRBY``\\ s and records its result under a per-call token for
+  ``ADD_RECORD_S`` seconds.
+- Values are raw bytes; the store never decodes, evaluates or unpickles them.
+
+Failures: connection errors and socket timeouts are retried ``retries`` times with
+backoff (:mod:`rdzv.stores.remote`), then raised as
+:class:`~rdzv.errors.RendezvousConnectionError` naming the endpoint (password redacted).
+Authentication errors are raised at once. When a ``compare_set`` or ``add`` loses its
+connection after sending, the outcome is unknown; it is resolved by reading (the value
+now equals ``desired``, or the ``add`` token's record exists), and the write is repeated
+only when that read proves it did not happen.
+
+Data loss: at open, the store reads (or creates) an epoch token ``<prefix>#epoch``.
+Every new connection checks it; a server that restarted without persistence no longer
+has it, and every call then raises ``RendezvousConnectionError`` instead of silently
+working on an empty store.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, TypeVar, cast
+
+from rdzv.errors import RendezvousConnectionError
+from rdzv.store import DEFAULT_STORE_TIMEOUT, as_bytes
+from rdzv.stores.common import (
+    check_key,
+    check_keys,
+    check_pairs,
+    check_timeout,
+    parse_counter,
+    timeout_error,
+    wait_seconds,
+)
+from rdzv.stores.remote import (
+    DEFAULT_RETRIES,
+    MAX_RETRIES,
+    RemoteUrl,
+    float_param,
+    int_param,
+    parse_remote_url,
+    tls_params,
+    unreachable,
+    with_retries,
+)
+from rdzv.stores.url import StoreUrlError
+
+T = TypeVar("T")
+
+DEFAULT_PORT = 6379
+DEFAULT_PREFIX = "rdzv"
+DEFAULT_SOCKET_TIMEOUT_S = 10.0
+"""Bound on one request's round trip (URL parameter ``socket_timeout``)."""
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+"""Bound on opening one connection (URL parameter ``connect_timeout``)."""
+ADD_RECORD_S = 600
+"""How long ``add`` keeps the record that lets a retry after a lost reply find its result."""
+_PARAMS = (
+    "prefix",
+    "ttl",
+    "retries",
+    "socket_timeout",
+    "connect_timeout",
+    "ca",
+    "cert",
+    "key",
+    "check_hostname",
+)
+_HINT = (
+    "check that redis-server runs and listens there, that no firewall blocks the port, "
+    "and the password/TLS settings in the URL"
+)
+
+# KEYS: k1..kn, index.  ARGV: ttl_ms, v1..vn, channel1..channeln.
+_SET = """
+local n = #KEYS - 1
+local ttl = tonumber(ARGV[1])
+for i = 1, n do
+  if ttl > 0 then
+    redis.call('SET', KEYS[i], ARGV[1 + i], 'PX', ttl)
+  else
+    redis.call('SET', KEYS[i], ARGV[1 + i])
+  end
+  redis.call('SADD', KEYS[n + 1], KEYS[i])
+  redis.call('PUBLISH', ARGV[1 + n + i], '1')
+end
+if ttl > 0 then redis.call('PEXPIRE', KEYS[n + 1], ttl) end
+return n
+"""
+
+# KEYS: key, index.  ARGV: expected, desired, ttl_ms, channel.  Returns {written, value}.
+_CAS = """
+local cur = redis.call('GET', KEYS[1])
+if cur == false then
+  if ARGV[1] ~= '' then return {0, ARGV[1]} end
+elseif cur ~= ARGV[1] then
+  return {0, cur}
+end
+local ttl = tonumber(ARGV[3])
+if ttl > 0 then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
+  redis.call('PEXPIRE', KEYS[2], ttl)
+else
+  redis.call('SET', KEYS[1], ARGV[2])
+end
+redis.call('SADD', KEYS[2], KEYS[1])
+redis.call('PUBLISH', ARGV[4], '1')
+return {1, ARGV[2]}
+"""
+
+# KEYS: key, index, record.  ARGV: amount, ttl_ms, channel, record_s.
+# Returns {'ok', new} or {'bad', current value}.
+_ADD = """
+local done = redis.call('GET', KEYS[3])
+if done then return {'ok', done} end
+local cur = redis.call('GET', KEYS[1])
+if cur and not string.match(cur, '^%-?%d+$') then return {'bad', cur} end
+local ok = pcall(redis.call, 'INCRBY', KEYS[1], ARGV[1])
+if not ok then return {'bad', cur} end
+-- Lua numbers are doubles: read the exact 64-bit result back as a string.
+local new = redis.call('GET', KEYS[1])
+local ttl = tonumber(ARGV[2])
+if ttl > 0 then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('PEXPIRE', KEYS[2], ttl)
+end
+redis.call('SADD', KEYS[2], KEYS[1])
+redis.call('SET', KEYS[3], new, 'EX', tonumber(ARGV[4]))
+redis.call('PUBLISH', ARGV[3], '1')
+return {'ok', new}
+"""
+
+# KEYS: key, index.  ARGV: channel.
+_DELETE = """
+local n = redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], KEYS[1])
+if n > 0 then redis.call('PUBLISH', ARGV[1], '1') end
+return n
+"""
+
+
+class _Unknown(Exception):
+    """A request was sent but its reply was lost: its outcome is unknown."""
+
+
+class RedisStore:
+    """A store in the Redis server named by ``url`` (see the module docstring)."""
+
+    def __init__(self, url: str, *, timeout: timedelta = DEFAULT_STORE_TIMEOUT) -> None:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        self._redis: Any = redis
+        parsed = parse_remote_url(url, DEFAULT_PORT, _PARAMS)
+        if parsed.scheme not in ("redis", "rediss"):
+            raise StoreUrlError(f"{parsed.shown!r} is not a redis:// or rediss:// URL")
+        self._shown = parsed.shown
+        self._db = _db_of(parsed)
+        self._prefix = parsed.params.get("prefix", DEFAULT_PREFIX)
+        if not self._prefix or any(c in self._prefix for c in "#:") or " " in self._prefix:
+            raise StoreUrlError(
+                f"prefix={self._prefix!r} in {parsed.shown!r} must be a non-empty name "
+                "without '#', ':' or spaces"
+            )
+        ttl = float_param(parsed, "ttl", None)
+        self._ttl_ms = 0 if ttl is None else max(1, round(ttl * 1000))
+        self._retries = int_param(parsed, "retries", DEFAULT_RETRIES, 0, MAX_RETRIES)
+        socket_timeout = float_param(parsed, "socket_timeout", DEFAULT_SOCKET_TIMEOUT_S)
+        connect_timeout = float_param(parsed, "connect_timeout", DEFAULT_CONNECT_TIMEOUT_S)
+        tls = tls_params(parsed, parsed.scheme == "rediss")
+        self._timeout = check_timeout(timeout)
+        self._index = f"{self._prefix}#index"
+        self._epoch_key = f"{self._prefix}#epoch"
+        self._epoch: bytes | None = None
+        self._lost: str | None = None
+        self._lock = threading.Lock()
+        tls_kwargs: dict[str, Any] = {}
+        if tls is not None:
+            tls_kwargs = {
+                "ssl": True,
+                "ssl_ca_certs": tls.ca,
+                "ssl_certfile": tls.cert,
+                "ssl_keyfile": tls.key,
+                "ssl_check_hostname": tls.check_hostname,
+            }
+        # Typed as Any: redis-py's stubs do not describe bytes replies or Lua scripts.
+        self._client: Any = redis.Redis(
+            host=parsed.host,
+            port=parsed.port,
+            db=self._db,
+            username=parsed.username,
+            password=parsed.password,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=connect_timeout,
+            retry=Retry(NoBackoff(), 0),  # retries are ours: see rdzv.stores.remote
+            # redis-py calls it with the new connection (its stubs say no argument).
+            redis_connect_func=cast(Any, self._on_connect),
+            **tls_kwargs,
+        )
+        self._set_script: Any = self._client.register_script(_SET)
+        self._cas_script: Any = self._client.register_script(_CAS)
+        self._add_script: Any = self._client.register_script(_ADD)
+        self._delete_script: Any = self._client.register_script(_DELETE)
+        try:
+            self._epoch = self._call("connecting", self._init_epoch)
+        except BaseException:
+            self._client.close()
+            raise
+
+    # -- plumbing --------------------------------------------------------------------
+
+    @property
+    def endpoint(self) -> str:
+        """The URL, password redacted."""
+        return self._shown
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._shown!r}, prefix={self._prefix!r})"
+
+    def close(self) -> None:
+        """Close this store's connections."""
+        self._client.close()
+
+    def _init_epoch(self) -> bytes:
+        self._client.set(self._epoch_key, uuid.uuid4().hex, nx=True)
+        value = self._client.get(self._epoch_key)
+        if value is None:  # deleted in between: a flush; try once more on the next call
+            raise self._redis.ConnectionError("the epoch key vanished right after SET NX")
+        return bytes(value)
+
+    def _on_connect(self, conn: Any) -> None:
+        """Runs on every new connection: authenticate, then check the epoch token."""
+        conn.on_connect()
+        epoch = self._epoch
+        if epoch is None:
+            return
+        conn.send_command("GET", self._epoch_key)
+        seen = conn.read_response()
+        if seen != epoch:
+            self._lost = (
+                f"the Redis server at {self._shown} lost this store's data (its epoch key "
+                f"{self._epoch_key!r} holds {seen!r}, not {epoch!r}): it restarted without "
+                "persistence, or was flushed. The rendezvous state is gone: restart the job "
+                "(enable appendonly on the server to survive restarts)"
+            )
+            conn.disconnect()
+            raise RendezvousConnectionError(self._lost)
+
+    def _transient(self, exc: BaseException) -> bool:
+        redis = self._redis
+        if isinstance(exc, redis.AuthenticationError | redis.exceptions.AuthorizationError):
+            return False
+        return isinstance(exc, redis.ConnectionError | redis.TimeoutError | _Unknown | OSError)
+
+    def _fail(self, doing: str) -> Callable[[BaseException, int], RendezvousConnectionError]:
+        def fail(exc: BaseException, attempts: int) -> RendezvousConnectionError:
+            return unreachable("Redis", self._shown, doing, exc, attempts, _HINT)
+
+        return fail
+
+    def _call(
+        self,
+        doing: str,
+        call: Callable[[], T],
+        deadline: float | None = None,
+        expired: Callable[[], T] | None = None,
+    ) -> T:
+        """Run ``call`` (safe to repeat) with bounded retries; map errors."""
+        if self._lost is not None:
+            raise RendezvousConnectionError(self._lost)
+        redis = self._redis
+        try:
+            return with_retries(
+                call,
+                retries=self._retries,
+                transient=self._transient,
+                fail=self._fail(doing),
+                deadline=deadline,
+                expired=expired,
+            )
+        except (redis.AuthenticationError, redis.exceptions.AuthorizationError) as exc:
+            raise RendezvousConnectionError(
+                f"the Redis server at {self._shown} refused the credentials while {doing} "
+                f"({exc}); check the user and password in the URL "
+                "(redis://user:password@host:port/db) against the server's requirepass/ACL"
+            ) from exc
+        except redis.exceptions.NoPermissionError as exc:
+            raise RendezvousConnectionError(
+                f"the Redis user of {self._shown} may not run what {doing} needs ({exc}); "
+                "grant it the commands GET SET DEL EXISTS MGET INCRBY SADD SREM SCARD "
+                "PEXPIRE EVALSHA SCRIPT PUBLISH SUBSCRIBE on the prefix's keys"
+            ) from exc
+        except redis.RedisError as exc:
+            raise RendezvousConnectionError(
+                f"the Redis server at {self._shown} failed while {doing} "
+                f"({type(exc).__name__}: {exc}); check the server's log"
+            ) from exc
+
+    def _k(self, key: str) -> str:
+        return f"{self._prefix}:{check_key(key)}"
+
+    def _channel(self, full_key: str) -> str:
+        # Pub/sub channels are global to the server, not per database.
+        return f"__rdzv__:{self._db}:{full_key}"
+
+    # -- timeout ---------------------------------------------------------------------
+
+    @property
+    def timeout(self) -> timedelta:
+        return self._timeout
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._timeout = check_timeout(timeout)
+
+    # -- writes ----------------------------------------------------------------------
+
+    def set(self, key: str, value: bytes | str) -> None:
+        self.multi_set([key], [value])
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[bytes | str]) -> None:
+        names = check_keys(keys)
+        check_pairs(names, values)
+        if not names:
+            return
+        full = [self._k(k) for k in names]
+        data = [as_bytes(v) for v in values]
+        args: list[Any] = [self._ttl_ms, *data, *(self._channel(k) for k in full)]
+        self._call("set", lambda: self._set_script(keys=[*full, self._index], args=args))
+
+    def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
+        full, want, new = self._k(key), as_bytes(expected), as_bytes(desired)
+        args = [want, new, self._ttl_ms, self._channel(full)]
+
+        def attempt() -> bytes:
+            try:
+                _, value = self._cas_script(keys=[full, self._index], args=args)
+            except (self._redis.ConnectionError, self._redis.TimeoutError) as exc:
+                if isinstance(exc, self._redis.AuthenticationError):
+                    raise
+                return self._resolve_cas(full, want, new, exc)
+            return bytes(value)
+
+        return self._call("compare_set", attempt)
+
+    def _resolve_cas(self, full: str, want: bytes, new: bytes, exc: BaseException) -> bytes:
+        """The reply of a compare_set was lost: find out by reading what happened."""
+        try:
+            current = self._client.get(full)
+        except (self._redis.ConnectionError, self._redis.TimeoutError):
+            # Still unreachable: try the whole thing again (it re-reads first).
+            raise _Unknown(f"compare_set on {full!r} lost its reply ({exc})") from exc
+        if current is not None and bytes(current) == new:
+            return new  # it happened (or someone wrote the same bytes: the same state)
+        if (current is None and not want) or (current is not None and bytes(current) == want):
+            # The write did not happen: the CAS may be sent again, still conditional.
+            raise _Unknown(f"compare_set on {full!r} lost its reply and did not apply")
+        return want if current is None else bytes(current)
+
+    def add(self, key: str, amount: int) -> int:
+        full = self._k(key)
+        if not isinstance(amount, int) or isinstance(amount, bool):
+            raise TypeError(f"add() needs an int amount, got {type(amount).__name__}")
+        record = f"{self._prefix}#add:{uuid.uuid4().hex}"
+        args = [amount, self._ttl_ms, self._channel(full), ADD_RECORD_S]
+        # Running the script again with the same record key is exactly-once: a retry
+        # after a lost reply returns the recorded result instead of adding twice.
+        status, value = self._call(
+            "add", lambda: self._add_script(keys=[full, self._index, record], args=args)
+        )
+        if status == b"bad":
+            parse_counter(key, bytes(value))  # raises the ValueError for a non-counter
+            raise ValueError(
+                f"key {key!r} holds {bytes(value)[:40]!r}, which Redis cannot add to "
+                "(out of the 64-bit range, or leading zeros); set it to plain digits first"
+            )
+        return int(value)
+
+    def delete_key(self, key: str) -> bool:
+        full = self._k(key)
+        args = [self._channel(full)]
+        # A retry after a lost reply may report False for a key this call deleted.
+        n = self._call(
+            "delete_key", lambda: self._delete_script(keys=[full, self._index], args=args)
+        )
+        return bool(n)
+
+    # -- reads -----------------------------------------------------------------------
+
+    def check(self, keys: Sequence[str]) -> bool:
+        full = [self._k(k) for k in check_keys(keys)]
+        if not full:
+            return True
+        unique = sorted(set(full))
+        return bool(self._call("check", lambda: self._client.exists(*unique)) == len(unique))
+
+    def num_keys(self) -> int:
+        return int(self._call("num_keys", lambda: self._client.scard(self._index)))
+
+    def get(self, key: str) -> bytes:
+        return self.multi_get([key])[0]
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+        names = check_keys(keys)
+        if not names:
+            return []
+        full = [self._k(k) for k in names]
+        seconds = wait_seconds(self._timeout)
+        found: list[bytes] = []
+
+        def read() -> bool:
+            values = self._client.mget(full)
+            if any(v is None for v in values):
+                return False
+            found[:] = [bytes(v) for v in values]
+            return True
+
+        if not self._wait_until(full, read, seconds, "get"):
+            raise timeout_error(self._shown, names, seconds)
+        return found
+
+    def wait(self, keys: Sequence[str], timeout: timedelta | None = None) -> None:
+        names = check_keys(keys)
+        seconds = wait_seconds(self._timeout if timeout is None else timeout)
+        if not names:
+            return
+        full = sorted({self._k(k) for k in names})
+
+        def present() -> bool:
+            return bool(self._client.exists(*full) == len(full))
+
+        if not self._wait_until(full, present, seconds, "wait"):
+            raise timeout_error(self._shown, names, seconds)
+
+    def wait_for_change(self, key: str, current: bytes | None, timeout: timedelta) -> bool:
+        full = self._k(key)
+        seconds = wait_seconds(timeout)
+
+        def changed() -> bool:
+            value = self._client.get(full)
+            return (None if value is None else bytes(value)) != current
+
+        return self._wait_until([full], changed, seconds, "wait_for_change")
+
+    def _wait_until(
+        self, full: Sequence[str], ready: Callable[[], bool], seconds: float, doing: str
+    ) -> bool:
+        """True once ``ready()`` holds, False after ``seconds``; sleeps on the keys'
+        change channels between reads (see the module docstring)."""
+        deadline = time.monotonic() + seconds
+        if self._call(doing, ready):
+            return True
+        if seconds <= 0:
+            return False
+        channels = sorted({self._channel(k) for k in full})
+
+        def subscribed_wait() -> bool:
+            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(*channels)
+                while True:  # bounded by the deadline
+                    if ready():
+                        return True
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    # Sleep until a publication on our channels (or the deadline); the
+                    # subscribe confirmations are skipped.
+                    end = time.monotonic() + remaining
+                    while time.monotonic() < end:
+                        message = pubsub.get_message(timeout=max(0.0, end - time.monotonic()))
+                        if message is not None:
+                            break
+            finally:
+                pubsub.close()
+
+        return self._call(doing, subscribed_wait, deadline, expired=lambda: False)
+
+
+def _db_of(parsed: RemoteUrl) -> int:
+    path = parsed.path.strip("/")
+    if not path:
+        return 0
+    if not path.isdigit() or int(path) > 10_000:
+        raise StoreUrlError(
+            f"the path of {parsed.shown!r} must be a database number (e.g. /0), got {path!r}"
+        )
+    return int(path)
+
+
+def open_redis(url: str, timeout: timedelta) -> RedisStore:
+    """Opener for ``redis://`` and ``rediss://`` (see :func:`rdzv.stores.open_store`)."""
+    return RedisStore(url, timeout=timeout)

@@ -1,0 +1,222 @@
+"""What the network stores (``redis://``, ``etcd://``) share: URL parsing, TLS files,
+bounded retries with backoff, and the errors they raise.
+
+Nothing here imports a client library; :mod:`rdzv.stores.redis` and
+:mod:`rdzv.stores.etcd` import theirs lazily.
+
+Retry policy: an operation whose request may not have reached the server, or that is
+safe to repeat (reads, blind writes of the same value, deletes), is retried up to
+``retries`` times, sleeping ``RETRY_DELAY_MIN_S`` doubling to ``RETRY_DELAY_MAX_S``
+between attempts. An operation that is not idempotent (compare-and-set, ``add``) is never
+simply sent again: its backend first finds out by reading whether the write happened.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+from urllib.parse import unquote, urlsplit
+
+from rdzv.errors import RendezvousConnectionError
+from rdzv.stores.url import StoreUrlError, redact, split_query
+
+T = TypeVar("T")
+
+DEFAULT_RETRIES = 8
+"""Attempts after the first for a transient failure (about 6 s of backoff in total)."""
+RETRY_DELAY_MIN_S = 0.05
+"""First backoff delay between two attempts."""
+RETRY_DELAY_MAX_S = 1.0
+"""Upper bound of the backoff delay (it doubles from ``RETRY_DELAY_MIN_S``)."""
+MAX_RETRIES = 100
+"""Largest ``retries`` a URL may ask for (keeps every retry loop bounded)."""
+
+
+@dataclass(frozen=True)
+class Tls:
+    """Client TLS settings from URL query parameters ``ca``, ``cert``, ``key``."""
+
+    ca: str | None
+    cert: str | None
+    key: str | None
+    check_hostname: bool
+
+    def context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=self.ca)
+        ctx.check_hostname = self.check_hostname
+        if self.cert is not None:
+            ctx.load_cert_chain(self.cert, self.key)
+        return ctx
+
+
+@dataclass(frozen=True)
+class RemoteUrl:
+    """A parsed ``scheme://[user[:password]@]host[:port][/path][?params]``."""
+
+    url: str
+    scheme: str
+    host: str
+    port: int
+    username: str | None
+    password: str | None
+    path: str
+    params: dict[str, str]
+
+    @property
+    def shown(self) -> str:
+        """The URL with its password replaced by ``***`` (for messages)."""
+        return redact(self.url)
+
+
+def parse_remote_url(url: str, default_port: int, allowed: tuple[str, ...]) -> RemoteUrl:
+    """Parse a network store URL; unknown query parameters are an error."""
+    shown = redact(url)
+    rest_index = url.find("://")
+    if rest_index < 0:
+        raise StoreUrlError(f"store URL {shown!r} has no scheme (expected scheme://host:port)")
+    path_and_query = url[rest_index + 3 :]
+    _, params = split_query(path_and_query)
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise StoreUrlError(
+            f"unknown query parameter(s) {unknown} in {shown!r}; supported: {sorted(allowed)}"
+        )
+    try:
+        parts = urlsplit(url.partition("?")[0])
+        port = parts.port
+    except ValueError as exc:
+        raise StoreUrlError(f"malformed store URL {shown!r}: {exc}") from None
+    host = parts.hostname
+    if not host:
+        raise StoreUrlError(f"store URL {shown!r} names no host (expected scheme://host:port)")
+    return RemoteUrl(
+        url=url,
+        scheme=parts.scheme.lower(),
+        host=host,
+        port=default_port if port is None else port,
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password is not None else None,
+        path=parts.path,
+        params=params,
+    )
+
+
+def float_param(
+    parsed: RemoteUrl, name: str, default: float | None, low: float = 0.0
+) -> float | None:
+    """A query parameter holding a number of seconds (``> low``), or ``default``."""
+    text = parsed.params.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > low or value == float("inf"):
+        raise StoreUrlError(
+            f"query parameter {name}={text!r} in {parsed.shown!r} must be a number > {low:g}"
+        )
+    return value
+
+
+def int_param(parsed: RemoteUrl, name: str, default: int, low: int, high: int) -> int:
+    """A query parameter holding an integer in ``[low, high]``, or ``default``."""
+    text = parsed.params.get(name)
+    if text is None:
+        return default
+    if not text.isdigit() or not low <= int(text) <= high:
+        raise StoreUrlError(
+            f"query parameter {name}={text!r} in {parsed.shown!r} must be an integer "
+            f"from {low} to {high}"
+        )
+    return int(text)
+
+
+def tls_params(parsed: RemoteUrl, secure: bool) -> Tls | None:
+    """TLS settings: ``ca`` (CA bundle), ``cert`` and ``key`` (client certificate),
+    ``check_hostname`` (``true``/``false``). Only for the TLS schemes."""
+    names = ("ca", "cert", "key", "check_hostname")
+    given = [n for n in names if n in parsed.params]
+    if not secure:
+        if given:
+            raise StoreUrlError(
+                f"TLS parameter(s) {given} in {parsed.shown!r} need the TLS scheme "
+                f"({parsed.scheme}s://...)"
+            )
+        return None
+    files: dict[str, str | None] = {}
+    for name in ("ca", "cert", "key"):
+        path = parsed.params.get(name)
+        if path is not None and not os.path.isfile(path):
+            raise StoreUrlError(
+                f"TLS file {name}={path!r} of {parsed.shown!r} does not exist or is not a "
+                "file; give an absolute path to a PEM file"
+            )
+        files[name] = path
+    if files["key"] is not None and files["cert"] is None:
+        raise StoreUrlError(f"{parsed.shown!r} gives a client key but no cert=; give both")
+    check = parsed.params.get("check_hostname", "true").lower()
+    if check not in ("true", "false"):
+        raise StoreUrlError(
+            f"check_hostname={check!r} in {parsed.shown!r} must be 'true' or 'false'"
+        )
+    return Tls(files["ca"], files["cert"], files["key"], check == "true")
+
+
+def backoff_delays(retries: int) -> list[float]:
+    """The sleeps between ``retries + 1`` attempts."""
+    delays = []
+    delay = RETRY_DELAY_MIN_S
+    for _ in range(retries):
+        delays.append(delay)
+        delay = min(delay * 2, RETRY_DELAY_MAX_S)
+    return delays
+
+
+def with_retries(
+    call: Callable[[], T],
+    *,
+    retries: int,
+    transient: Callable[[BaseException], bool],
+    fail: Callable[[BaseException, int], RendezvousConnectionError],
+    deadline: float | None = None,
+    expired: Callable[[], T] | None = None,
+) -> T:
+    """Run ``call``; on a ``transient`` error sleep and try again, at most ``retries``
+    more times (and never past the monotonic ``deadline``). The last error is turned into
+    ``fail(error, attempts)``, except that when the deadline stops the retries and
+    ``expired`` is given, ``expired()`` is returned (a wait that ran out of time while the
+    server was unreachable just times out; the caller's next request reports the
+    outage). Non-transient errors propagate unchanged."""
+    delays = backoff_delays(retries)
+    attempt = 0
+    while True:  # bounded: at most retries + 1 passes
+        attempt += 1
+        try:
+            return call()
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            if attempt > len(delays):
+                raise fail(exc, attempt) from exc
+            delay = delays[attempt - 1]
+            if deadline is not None and time.monotonic() + delay > deadline:
+                if expired is not None:
+                    return expired()
+                raise fail(exc, attempt) from exc
+            time.sleep(delay)
+
+
+def unreachable(
+    what: str, shown: str, doing: str, exc: BaseException, attempts: int, hint: str
+) -> RendezvousConnectionError:
+    """The error for a server that could not be reached (password already redacted)."""
+    text = str(exc).replace("\n", " ")
+    return RendezvousConnectionError(
+        f"the {what} store at {shown} failed while {doing} after {attempts} attempt(s) "
+        f"({type(exc).__name__}: {text}); {hint}"
+    )

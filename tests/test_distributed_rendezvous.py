@@ -1,0 +1,356 @@
+"""Rendezvous through real Redis and etcd servers: many processes, and faults.
+
+- Processes (spawned, reporting through JSON files; the worker and its helpers come from
+  ``test_handler_processes``): 8 join and agree on ranks and bootstrap info; one killed
+  with SIGKILL is pruned once its heartbeat expired and the rest re-form; a late process
+  waits and joins the next round.
+- Faults (real handlers in threads of this process, each with its own store
+  connection): the server restarts mid-rendezvous (with persistence the round
+  completes; without it every node gets a clear ``RendezvousConnectionError``); a TCP
+  proxy blackholes the traffic (short: the nodes recover; long: they fail with
+  ``RendezvousConnectionError`` within their retry budget); garbage in the rendezvous key
+  gives ``RendezvousStateError`` until the key is deleted (the documented recovery).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from servers import EtcdServer, RedisServer, TcpProxy
+from test_handler_processes import PROCESS_JOIN, _check_round, _wait_for_file, _worker
+
+from rdzv import (
+    RendezvousConnectionError,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousStateError,
+    create_handler,
+)
+from rdzv.stores import open_store
+from spec.codec import decode
+
+pytestmark = pytest.mark.slow
+
+NODE_JOIN_S = 60.0
+"""Bound on how long the test waits for one node thread to finish."""
+MAX_WAIT = timedelta(seconds=1)
+"""One slice of the test's own waits for a state change."""
+PARTITION_S = 0.5
+"""How long the short network partition lasts (well inside the nodes' retry budget)."""
+
+
+class StoreCluster:
+    """Worker processes rendezvousing through ``url``; rounds start on ``go<k>`` files."""
+
+    def __init__(self, work: Path, url: str, lo: int, hi: int, **config: str) -> None:
+        self.work = work
+        self.work.mkdir()
+        self.url = url
+        self.lo, self.hi = lo, hi
+        self.config = {"join_timeout": "60", "cache_duration": "0", **config}
+        self.procs: dict[int, multiprocessing.process.BaseProcess] = {}
+
+    def start(self, indices: list[int]) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        for i in indices:
+            args = (self.url, i, str(self.work), self.lo, self.hi, json.dumps(self.config))
+            proc = ctx.Process(target=_worker, args=args, daemon=True)
+            self.procs[i] = proc
+            proc.start()
+        for i in indices:
+            assert _wait_for_file(self.work / f"ready-{i}", PROCESS_JOIN), f"worker {i} hung"
+
+    def result(self, k: int, i: int) -> dict[str, Any]:
+        path = self.work / f"result-{k}-{i}.json"
+        assert _wait_for_file(path, PROCESS_JOIN), f"worker {i} did not finish its round {k}"
+        report: dict[str, Any] = json.loads(path.read_text())
+        return report
+
+    def round(self, k: int, members: list[int]) -> list[dict[str, Any]]:
+        (self.work / f"go{k}").touch()
+        return [self.result(k, i) for i in members]
+
+    def stop(self) -> None:
+        (self.work / "stop").touch()
+        for k in range(10):
+            (self.work / f"go{k}").touch()
+        for p in self.procs.values():
+            p.join(PROCESS_JOIN)
+        for p in self.procs.values():
+            if p.is_alive():
+                p.kill()
+                p.join(PROCESS_JOIN)
+
+
+@contextmanager
+def store_cluster(work: Path, url: str, lo: int, hi: int, **config: str) -> Iterator[StoreCluster]:
+    c = StoreCluster(work, url, lo, hi, **config)
+    try:
+        yield c
+    finally:
+        c.stop()
+    assert all(p.exitcode is not None for p in c.procs.values())
+
+
+# -- one adapter per server kind -----------------------------------------------------------
+
+
+@dataclass
+class Backend:
+    """A private server of one kind and how to disturb it."""
+
+    kind: str
+    server: RedisServer | EtcdServer
+    started: list[Any] = field(default_factory=list)
+
+    def url(self, port: int | None = None, **params: str) -> str:
+        port = self.server.port if port is None else port
+        query = "&".join(f"{k}={v}" for k, v in {"prefix": "p", **params}.items())
+        if self.kind == "redis":
+            return f"redis://127.0.0.1:{port}/0?{query}"
+        return f"etcd://127.0.0.1:{port}?{query}"
+
+    def timeout_params(self, seconds: str, retries: str) -> dict[str, str]:
+        name = "socket_timeout" if self.kind == "redis" else "request_timeout"
+        return {name: seconds, "retries": retries}
+
+    def restart_keeping_data(self) -> None:
+        self.server.restart()
+
+    def restart_losing_data(self) -> None:
+        if isinstance(self.server, EtcdServer):
+            self.server.restart_empty()
+        else:
+            self.server.restart()
+
+
+@pytest.fixture(params=["redis", "etcd"])
+def backend(
+    request: pytest.FixtureRequest,
+    start_redis: Callable[..., RedisServer],
+    start_etcd: Callable[..., EtcdServer],
+) -> Backend:
+    if request.param == "redis":
+        return Backend("redis", start_redis(persistent=True))
+    return Backend("etcd", start_etcd())
+
+
+@pytest.fixture(params=["redis", "etcd"])
+def volatile_backend(
+    request: pytest.FixtureRequest,
+    start_redis: Callable[..., RedisServer],
+    start_etcd: Callable[..., EtcdServer],
+) -> Backend:
+    """A server whose restart loses the data (redis without persistence; a wiped etcd)."""
+    if request.param == "redis":
+        return Backend("redis", start_redis(persistent=False))
+    return Backend("etcd", start_etcd())
+
+
+# -- processes -----------------------------------------------------------------------------
+
+
+def test_processes_join_die_and_join_late(backend: Backend, tmp_path: Path) -> None:
+    # Heartbeats every 0.5 s; a node is dead after 6 missed ones (3 s). Shorter expiries
+    # prune live but starved processes on a loaded 2-core CI machine (seen with 1 s).
+    config = {"keep_alive_interval": "0.5", "keep_alive_max_attempt": "6"}
+    url = backend.url()
+    with store_cluster(tmp_path / "work", url, 6, 8, last_call_timeout="3", **config) as c:
+        c.start(list(range(8)))
+        first = c.round(0, list(range(8)))
+        print(json.dumps(first, indent=1))  # shown when the checks below fail
+        _check_round(first, 8)
+        by_node = sorted(first, key=lambda r: _node_key(r["node"]))
+        assert [r["rank"] for r in by_node] == list(range(8))
+
+        victim = c.procs[7]
+        assert victim.pid is not None
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(PROCESS_JOIN)
+        assert victim.exitcode == -signal.SIGKILL
+        # The survivors' next round can open only once the victim is pruned.
+        second = c.round(1, list(range(7)))
+        _check_round(second, 7)
+        assert second[0]["round"] == first[0]["round"] + 1
+        store = open_store(url)
+        state = decode(store.get("rdzv/job/state"))
+        dead = next(r["node"] for r in first if r["node"] not in {s["node"] for s in second})
+        assert dead not in {str(n) for n, _ in state.last_heartbeats}
+
+        # A late process arrives while round 1 is complete: it waits, and joins the next
+        # round together with the survivors.
+        (c.work / "go0").touch()  # the late worker's first round is everyone's round 2
+        c.start([8])
+        end = time.monotonic() + PROCESS_JOIN
+        while not decode(store.get("rdzv/job/state")).wait_list:  # bounded by PROCESS_JOIN
+            assert time.monotonic() < end, "the late process never joined the wait list"
+            store.wait_for_change("rdzv/job/state", store.get("rdzv/job/state"), MAX_WAIT)
+        assert not (c.work / "result-0-8.json").exists()  # it waits for the next round
+        third = [*c.round(2, list(range(7))), c.result(0, 8)]
+        print(json.dumps(third, indent=1))  # shown when the checks below fail
+        _check_round(third, 8)
+        assert {r["round"] for r in third} == {second[0]["round"] + 1}
+
+
+def _node_key(text: str) -> tuple[str, int, int]:
+    addr, pid, local_id = text.rsplit("_", 2)
+    return addr, int(pid), int(local_id)
+
+
+# -- threads -------------------------------------------------------------------------------
+
+
+class Node:
+    """One handler in a thread, calling ``next_rendezvous`` once."""
+
+    def __init__(self, url: str, run_id: str, lo: int, hi: int, **config: str) -> None:
+        config.setdefault("join_timeout", "30")
+        config.setdefault("cache_duration", "0")
+        params = RendezvousParameters("rdzv", url, run_id, lo, hi, **config)
+        self.handler = create_handler(params)
+        self.info: RendezvousInfo | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.info = self.handler.next_rendezvous()
+        except BaseException as exc:
+            self.error = exc
+
+    def start(self) -> Node:
+        self.thread.start()
+        return self
+
+    def join(self) -> None:
+        self.thread.join(NODE_JOIN_S)
+        assert not self.thread.is_alive(), "a node hung"
+
+    def close(self) -> None:
+        self.handler.shutdown()
+
+
+@contextmanager
+def nodes() -> Iterator[list[Node]]:
+    started: list[Node] = []
+    try:
+        yield started
+    finally:
+        for node in started:
+            node.thread.join(NODE_JOIN_S)
+        for node in started:
+            node.handler._stop_heartbeats()  # shutdown() would need the store
+
+
+def _participants(url: str, run_id: str) -> int:
+    store = open_store(url)
+    try:
+        if not store.check([f"rdzv/{run_id}/state"]):
+            return 0
+        return len(decode(store.get(f"rdzv/{run_id}/state")).participants)
+    finally:
+        getattr(store, "close", lambda: None)()
+
+
+def _wait_for_participants(url: str, run_id: str, count: int) -> None:
+    end = time.monotonic() + NODE_JOIN_S
+    while _participants(url, run_id) < count:  # bounded by NODE_JOIN_S
+        assert time.monotonic() < end, f"{count} nodes did not join in time"
+        time.sleep(0.02)
+
+
+def _ranks(started: list[Node]) -> list[int]:
+    for node in started:
+        node.join()
+        assert node.error is None, node.error
+    return sorted(node.info.rank for node in started if node.info is not None)
+
+
+def test_restart_with_persistence_completes_the_round(backend: Backend) -> None:
+    url, run = backend.url(), f"run{uuid.uuid4().hex[:8]}"
+    with nodes() as started:
+        started += [Node(url, run, 3, 3).start() for _ in range(2)]
+        _wait_for_participants(url, run, 2)
+        backend.restart_keeping_data()  # SIGKILL + start on the same port, data kept
+        started.append(Node(url, run, 3, 3).start())
+        assert _ranks(started) == [0, 1, 2]
+        rounds = {n.info.round for n in started if n.info is not None}
+        assert len(rounds) == 1
+
+
+def test_restart_losing_data_is_a_clear_error(volatile_backend: Backend) -> None:
+    url, run = volatile_backend.url(), f"run{uuid.uuid4().hex[:8]}"
+    with nodes() as started:
+        started += [Node(url, run, 3, 3).start() for _ in range(2)]
+        _wait_for_participants(url, run, 2)
+        volatile_backend.restart_losing_data()
+        for node in started:
+            node.join()  # no hang: every node fails on its own
+            assert isinstance(node.error, RendezvousConnectionError), node.error
+            assert "lost this store's data" in str(node.error)
+            assert "restart the job" in str(node.error)
+
+
+def test_short_partition_is_survived(
+    backend: Backend, tcp_proxy: Callable[[int], TcpProxy]
+) -> None:
+    proxy = tcp_proxy(backend.server.port)
+    url = backend.url(proxy.port, **backend.timeout_params("0.3", "8"))
+    run = f"run{uuid.uuid4().hex[:8]}"
+    with nodes() as started:
+        started += [Node(url, run, 3, 3).start() for _ in range(2)]
+        _wait_for_participants(url, run, 2)
+        proxy.blackhole()
+        time.sleep(PARTITION_S)  # the partition's length, not a wait for a timeout
+        proxy.resume()
+        started.append(Node(url, run, 3, 3).start())
+        assert _ranks(started) == [0, 1, 2]
+
+
+def test_long_partition_fails_with_connection_error(
+    backend: Backend, tcp_proxy: Callable[[int], TcpProxy]
+) -> None:
+    proxy = tcp_proxy(backend.server.port)
+    url = backend.url(proxy.port, **backend.timeout_params("0.3", "1"))
+    run = f"run{uuid.uuid4().hex[:8]}"
+    with nodes() as started:
+        started += [Node(url, run, 3, 3).start() for _ in range(2)]
+        _wait_for_participants(url, run, 2)
+        proxy.blackhole()  # until every node gave up
+        for node in started:
+            node.join()
+            assert isinstance(node.error, RendezvousConnectionError), node.error
+            assert f"127.0.0.1:{proxy.port}" in str(node.error)
+        proxy.resume()
+
+
+def test_garbage_in_the_rendezvous_key(backend: Backend) -> None:
+    url, run = backend.url(), f"run{uuid.uuid4().hex[:8]}"
+    store = open_store(url)
+    key = f"rdzv/{run}/state"
+    store.set(key, b"\x80\x04garbage that is not a state")
+    with nodes() as started:
+        started += [Node(url, run, 2, 2).start() for _ in range(2)]
+        for node in started:
+            node.join()
+            assert isinstance(node.error, RendezvousStateError), node.error
+            assert "delete the key" in str(node.error)
+        # The documented recovery: delete the key once no node of the run is alive.
+        assert store.delete_key(key) is True
+        retry = [Node(url, run, 2, 2).start() for _ in range(2)]
+        started += retry
+        assert _ranks(retry) == [0, 1]
+    getattr(store, "close", lambda: None)()

@@ -1,0 +1,253 @@
+"""The Redis store against real ``redis-server`` processes (see ``tests/servers.py``).
+
+Conformance is :func:`rdzv.testing.check_store`; the tests below pin URLs, credentials,
+TLS, unknown write outcomes, restarts with and without persistence, a blackholed
+network, and that values are never unpickled.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from servers import Certs, RedisServer, ServerMissing, TcpProxy, find_binary
+
+from rdzv.errors import RendezvousConnectionError, StoreTimeoutError
+from rdzv.stores import open_store
+from rdzv.stores.redis import RedisStore
+from rdzv.stores.url import StoreUrlError
+from rdzv.testing import check_store
+
+pytestmark = pytest.mark.slow
+
+
+def _fresh(url: str, **params: str) -> RedisStore:
+    query = "&".join(f"{k}={v}" for k, v in {"prefix": f"t{uuid.uuid4().hex}", **params}.items())
+    sep = "&" if "?" in url else "?"
+    return RedisStore(f"{url}{sep}{query}", timeout=timedelta(seconds=5))
+
+
+def _evalsha_calls(server: RedisServer) -> int:
+    stats = server.command("INFO", "commandstats")
+    entry = stats.get("cmdstat_evalsha", {"calls": 0})
+    return int(entry["calls"])
+
+
+def test_conformance_threads_and_processes(redis_server: RedisServer) -> None:
+    check_store(
+        lambda: _fresh(redis_server.url),
+        url=redis_server.url,
+        opener="rdzv.stores.redis:open_redis",
+        increments=10,
+    )
+
+
+def test_open_store_resolves_the_scheme(redis_server: RedisServer) -> None:
+    store = open_store(redis_server.url + "?prefix=open", timeout=timedelta(seconds=3))
+    assert isinstance(store, RedisStore)
+    store.set("k", b"v")
+    assert store.get("k") == b"v"
+    assert redis_server.command("GET", "open:k") == b"v"
+    store.close()
+
+
+def test_a_missing_server_binary_is_an_error_naming_the_package() -> None:
+    # The fixtures raise this (never skip) when redis-server or etcd is not installed.
+    with pytest.raises(ServerMissing, match=r"apt-get install -y redis-server-xyz"):
+        find_binary("no-such-server-binary-xyz", "redis-server-xyz")
+
+
+def test_importing_rdzv_does_not_import_clients() -> None:
+    code = (
+        "import sys, rdzv, rdzv.stores, rdzv.stores.redis, rdzv.stores.etcd\n"
+        "bad = sorted(m for m in ('redis', 'httpx') if m in sys.modules)\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("redis://127.0.0.1:99999/0", "(?i)port out of range"),
+        ("redis://127.0.0.1:6379/zero", "database number"),
+        ("redis://127.0.0.1:6379/0?color=red", "unknown query parameter"),
+        ("redis://127.0.0.1:6379/0?ca=/etc/hostname", "need the TLS scheme"),
+        ("rediss://127.0.0.1:6379/0?ca=/no/such/ca.pem", "does not exist"),
+        ("redis://127.0.0.1:6379/0?prefix=a:b", "prefix"),
+        ("redis://127.0.0.1:6379/0?retries=-1", "retries"),
+        ("redis://127.0.0.1:6379/0?socket_timeout=0", "socket_timeout"),
+        ("redis:///0", "no host"),
+    ],
+)
+def test_bad_urls_say_what_is_wrong(url: str, problem: str) -> None:
+    with pytest.raises(StoreUrlError, match=problem):
+        RedisStore(url)
+
+
+def test_unreachable_server_names_endpoint_without_password() -> None:
+    from servers import free_port
+
+    url = f"redis://admin:hunter2@127.0.0.1:{free_port()}/0?retries=1&connect_timeout=1"
+    with pytest.raises(RendezvousConnectionError) as info:
+        RedisStore(url)
+    text = str(info.value)
+    assert "hunter2" not in text
+    assert "redis://admin:***@127.0.0.1" in text
+    assert "2 attempt(s)" in text and "check that redis-server runs" in text
+
+
+def test_requirepass(start_redis: Callable[..., RedisServer]) -> None:
+    server = start_redis(password="s3cret-pw")
+    store = _fresh(server.url)
+    store.set("k", b"v")
+    assert store.get("k") == b"v"
+    store.close()
+    base = f"127.0.0.1:{server.port}/0"
+    for url in (f"redis://:wrong-pw@{base}", f"redis://{base}"):
+        with pytest.raises(RendezvousConnectionError) as info:
+            _fresh(url, retries="0")
+        text = str(info.value)
+        assert "wrong-pw" not in text and "s3cret-pw" not in text
+        assert "credentials" in text or "NOAUTH" in text or "Authentication" in text
+
+
+def test_tls_with_client_certificate(start_redis: Callable[..., RedisServer], certs: Certs) -> None:
+    server = start_redis(certs=certs)
+    store = _fresh(server.url)
+    store.set("k", b"over tls")
+    assert store.get("k") == b"over tls"
+    store.close()
+    # The server demands a client certificate: without one the handshake fails.
+    with pytest.raises(RendezvousConnectionError, match=re.escape("rediss://127.0.0.1")):
+        _fresh(f"rediss://127.0.0.1:{server.port}/0?ca={certs.ca}", retries="0")
+    # Plain text to a TLS port is refused, not hung.
+    with pytest.raises(RendezvousConnectionError):
+        _fresh(f"redis://127.0.0.1:{server.port}/0", retries="0", socket_timeout="2")
+
+
+def test_lost_reply_of_compare_set_is_resolved_by_reading(
+    redis_server: RedisServer, tcp_proxy: Callable[[int], TcpProxy]
+) -> None:
+    proxy = tcp_proxy(redis_server.port)
+    store = _fresh(f"redis://127.0.0.1:{proxy.port}/0")
+    assert store.compare_set("k", b"", b"v1") == b"v1"  # loads the script
+    before = _evalsha_calls(redis_server)
+    proxy.lose_reply_to(b"EVALSHA")
+    assert store.compare_set("k", b"v1", b"v2") == b"v2"
+    assert proxy.replies_lost == 1
+    # The script ran once: the lost reply was resolved by a GET, not by sending it again.
+    assert _evalsha_calls(redis_server) - before == 1
+    assert store.get("k") == b"v2"
+    # A lost reply of a CAS that did not apply (value differs) returns the current value.
+    proxy.lose_reply_to(b"EVALSHA")
+    assert store.compare_set("k", b"v1", b"v3") == b"v2"
+    store.close()
+
+
+def test_lost_reply_of_add_counts_once(
+    redis_server: RedisServer, tcp_proxy: Callable[[int], TcpProxy]
+) -> None:
+    proxy = tcp_proxy(redis_server.port)
+    store = _fresh(f"redis://127.0.0.1:{proxy.port}/0")
+    assert store.add("n", 1) == 1
+    proxy.lose_reply_to(b"EVALSHA")
+    assert store.add("n", 10) == 11
+    assert proxy.replies_lost == 1
+    assert store.get("n") == b"11"
+    store.close()
+
+
+def test_restart_with_persistence_keeps_data(start_redis: Callable[..., RedisServer]) -> None:
+    server = start_redis(persistent=True)
+    store = _fresh(server.url)
+    store.set("k", b"kept")
+    assert store.compare_set("state", b"", b"s1") == b"s1"
+    server.restart()  # SIGKILL, then start on the same port from the append-only file
+    assert store.get("k") == b"kept"
+    assert store.compare_set("state", b"s1", b"s2") == b"s2"
+    store.close()
+
+
+def test_restart_without_persistence_is_a_clear_error(
+    start_redis: Callable[..., RedisServer],
+) -> None:
+    server = start_redis(persistent=False)
+    store = _fresh(server.url)
+    store.set("k", b"v")
+    server.restart()
+    with pytest.raises(RendezvousConnectionError, match="lost this store's data"):
+        store.get("k")
+    # Every later call fails the same way instead of working on an empty store.
+    with pytest.raises(RendezvousConnectionError, match="restart the job"):
+        store.compare_set("k", b"", b"new")
+    store.close()
+
+
+def test_blackholed_network_fails_in_bounded_time_then_recovers(
+    redis_server: RedisServer, tcp_proxy: Callable[[int], TcpProxy]
+) -> None:
+    proxy = tcp_proxy(redis_server.port)
+    store = _fresh(f"redis://127.0.0.1:{proxy.port}/0", socket_timeout="0.3", retries="1")
+    store.set("k", b"v")
+    proxy.blackhole()
+    with pytest.raises(RendezvousConnectionError, match="Timeout"):
+        store.get("k")
+    proxy.resume()
+    assert store.get("k") == b"v"  # the next call reconnects
+    store.close()
+
+
+def test_values_are_bytes_never_unpickled(redis_server: RedisServer, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+
+    class Boom:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (marker.touch, ())  # type: ignore[return-value]
+
+    payload = pickle.dumps(Boom())
+    store = _fresh(redis_server.url)
+    store.set("k", payload)
+    assert store.get("k") == payload
+    assert store.compare_set("k", payload, b"x") == b"x"
+    assert not marker.exists()
+    store.close()
+
+
+def test_ttl_expires_abandoned_keys(redis_server: RedisServer) -> None:
+    store = _fresh(redis_server.url, ttl="60")
+    store.set("k", b"v")
+    store.compare_set("c", b"", b"1")
+    store.add("n", 1)
+    for key in ("k", "c", "n"):
+        ttl_ms = int(redis_server.command("PTTL", f"{store.prefix}:{key}"))
+        assert 0 < ttl_ms <= 60_000, (key, ttl_ms)
+    assert int(redis_server.command("PTTL", f"{store.prefix}#index")) > 0
+    store.close()
+
+
+def test_missing_key_times_out_with_the_store_timeout(redis_server: RedisServer) -> None:
+    store = _fresh(redis_server.url)
+    store.set_timeout(timedelta(milliseconds=50))
+    with pytest.raises(StoreTimeoutError, match="'missing'"):
+        store.get("missing")
+    store.close()
+
+
+def test_databases_do_not_share_keys_or_wakeups(redis_server: RedisServer) -> None:
+    prefix = f"t{uuid.uuid4().hex}"
+    base = f"redis://127.0.0.1:{redis_server.port}"
+    a = RedisStore(f"{base}/1?prefix={prefix}")
+    b = RedisStore(f"{base}/2?prefix={prefix}")
+    a.set("k", b"in db 1")
+    assert b.check(["k"]) is False
+    assert b.wait_for_change("k", None, timedelta(milliseconds=100)) is False
+    a.close()
+    b.close()
