@@ -544,3 +544,35 @@ def test_lost_writes_back_off_with_bounded_jitter_until_the_deadline() -> None:
     assert rng.windows[:7] == [BACKOFF_BASE * 2**k for k in range(7)]
     assert max(rng.windows) == BACKOFF_CAP
     assert driver.stats.cas_conflicts == len(rng.windows) > 7
+
+
+# -- a dead member of a complete round (model checker finding 2) -------------------------------
+@pytest.mark.parametrize(("protocol", "reported"), [("upstream", 0), ("hardened", 1)])
+def test_a_dead_member_of_a_complete_round_is_reported_only_by_hardened(
+    protocol: str, reported: int
+) -> None:
+    clock = FakeClock()
+    store = MemoryStore()
+    a, b = (
+        fake_clock_handler(store, clock, 2, 2, keep_alive_interval=5, protocol=protocol)
+        for _ in range(2)
+    )
+    infos = run_all([a.next_rendezvous, b.next_rendezvous])
+    assert sorted(i.rank for i in infos) == [0, 1]
+    b._stop_heartbeats()  # b dies silently: no more heartbeats, no exit
+    # Let a's heartbeat thread beat four times (20 s): b's last beat (t=0) expires at 15 s.
+    for _ in range(4):
+        assert clock.wait_for_sleepers(1)
+        before = store.get("rdzv/job/state")
+        clock.advance(5.0)
+        assert store.wait_for_change("rdzv/job/state", before, timedelta(seconds=10))
+    state = stored_state(store)
+    assert b.node not in state.participant_nodes()
+    # torch's agent polls this and re-rendezvouses only when it is > 0.
+    assert a.num_nodes_waiting() == reported
+    if protocol == "hardened":
+        assert state.round == 1 and not state.complete and state.wait_list == (a.node,)
+    else:
+        assert state.round == 0 and state.complete and state.participant_nodes() == (a.node,)
+    a.shutdown()
+    b.shutdown()
