@@ -64,7 +64,7 @@ from spec.invariants import STATE_INVARIANTS, STEP_INVARIANTS, check_state, chec
 from spec.settings import Settings, SettingsError
 from spec.state import NodeId, RendezvousState
 from spec.tables import Atom, Context, Table
-from spec.variants import VARIANTS, Variant
+from spec.variants import LOCAL, VARIANTS, Variant
 from spec.vocabulary import Op
 
 Z = Any
@@ -365,6 +365,14 @@ class SymContext:
     wall_now: Z
     op_deadline: Z
     rollback_window: Z
+    last_call_age: Z | None = None
+    """Local liveness clock only: how long this node has seen the last call."""
+
+
+def _last_call_over(w: World, c: SymContext) -> Z:
+    if c.last_call_age is not None:
+        return w.z3.And(c.state.has_deadline, c.last_call_age > c.settings.last_call_timeout)
+    return w.z3.And(c.state.has_deadline, c.state.deadline < c.wall_now)
 
 
 ATOM_FORMULAS: Mapping[Atom, Callable[[World, SymContext], Z]] = {
@@ -379,7 +387,7 @@ ATOM_FORMULAS: Mapping[Atom, Callable[[World, SymContext], Z]] = {
         c.settings.min_nodes <= c.state.n_participants,
         c.state.n_participants <= c.settings.max_nodes,
     ),
-    Atom.LAST_CALL_OVER: lambda w, c: w.z3.And(c.state.has_deadline, c.state.deadline < c.wall_now),
+    Atom.LAST_CALL_OVER: _last_call_over,
     Atom.PAST_DEADLINE: lambda w, c: c.mono_now > c.op_deadline,
     Atom.IN_ROLLBACK_WINDOW: lambda w, c: c.mono_now <= c.op_deadline + c.rollback_window,
     Atom.HEARTBEAT_DUE: lambda w, c: w.z3.And(
@@ -514,17 +522,23 @@ def s_mark_closed(w: World, s: SymState, me: Z, st: SymSettings, wall: Z) -> Sym
     return s.evolve(closed=w.z3.BoolVal(True))
 
 
-def s_sanitize(w: World, s: SymState, st: SymSettings, wall: Z) -> SymState:
-    """``spec.effects.sanitize``: prune every node whose heartbeat is older than the
-    expiry; run the epilogue if a participant was among them."""
+def dead_by_wall(w: World, s: SymState, st: SymSettings, wall: Z) -> Z:
+    """``spec.effects.expired_by_wall``: heartbeats older than the expiry at ``wall``."""
     z3 = w.z3
     limit = wall - st.heartbeat_expiry
-    dead = w.set_of(lambda x: z3.And(s.beating[x], s.beats[x] < limit))
-    dead_members = w.set_of(lambda x: z3.And(s.participants[x], dead[x]))
+    return w.set_of(lambda x: z3.And(s.beating[x], s.beats[x] < limit))
+
+
+def s_prune(w: World, s: SymState, dead: Z, st: SymSettings) -> SymState:
+    """``spec.effects.prune``: remove the ``dead`` nodes that have a heartbeat; run the
+    epilogue if a participant was among them."""
+    z3 = w.z3
+    gone = w.set_of(lambda x: z3.And(s.beating[x], dead[x]))
+    dead_members = w.set_of(lambda x: z3.And(s.participants[x], gone[x]))
     removed = w.subset_size(dead_members, s.participants, s.n_participants)
 
     def keep(arr: Z) -> Z:
-        return w.set_of(lambda x: z3.And(arr[x], z3.Not(dead[x])))
+        return w.set_of(lambda x: z3.And(arr[x], z3.Not(gone[x])))
 
     new = s.evolve(
         participants=keep(s.participants),
@@ -536,14 +550,17 @@ def s_sanitize(w: World, s: SymState, st: SymSettings, wall: Z) -> SymState:
     return ite_state(w, removed > 0, s_epilogue(w, new, st), new)
 
 
-def s_sanitize_ending_broken_rounds(w: World, s: SymState, st: SymSettings, wall: Z) -> SymState:
-    """``spec.effects.sanitize_ending_broken_rounds``: sanitize; if a complete round lost
-    a participant and still has survivors, move them to the wait list of the next round."""
+def s_sanitize(w: World, s: SymState, st: SymSettings, wall: Z) -> SymState:
+    """``spec.effects.sanitize``: prune the nodes expired by the wall clock."""
+    return s_prune(w, s, dead_by_wall(w, s, st, wall), st)
+
+
+def s_prune_ending_broken_rounds(w: World, s: SymState, dead: Z, st: SymSettings) -> SymState:
+    """``spec.effects.prune_ending_broken_rounds``: prune; if a complete round lost a
+    participant and still has survivors, move them to the wait list of the next round."""
     z3 = w.z3
-    after = s_sanitize(w, s, st, wall)
-    dead_members = w.set_of(
-        lambda x: z3.And(s.participants[x], s.beating[x], s.beats[x] < wall - st.heartbeat_expiry)
-    )
+    after = s_prune(w, s, dead, st)
+    dead_members = w.set_of(lambda x: z3.And(s.participants[x], s.beating[x], dead[x]))
     lost = w.subset_size(dead_members, s.participants, s.n_participants)
     broken = z3.And(lost > 0, s.complete, after.complete, after.n_participants > 0)
     nobody = w.set_of(lambda x: z3.BoolVal(False))
@@ -558,13 +575,13 @@ def s_sanitize_ending_broken_rounds(w: World, s: SymState, st: SymSettings, wall
     return ite_state(w, broken, reopened, after)
 
 
-SymSanitizer = Callable[[World, SymState, SymSettings, Z], SymState]
+SymPruner = Callable[[World, SymState, Z, SymSettings], SymState]
 
-SYMBOLIC_SANITIZERS: Mapping[Callable[..., E.Sanitized], SymSanitizer] = {
-    E.sanitize: s_sanitize,
-    E.sanitize_ending_broken_rounds: s_sanitize_ending_broken_rounds,
+SYMBOLIC_PRUNERS: Mapping[Callable[..., E.Sanitized], SymPruner] = {
+    E.prune: s_prune,
+    E.prune_ending_broken_rounds: s_prune_ending_broken_rounds,
 }
-"""The symbolic model of each variant's sanitize, keyed by the Python function."""
+"""The symbolic model of each variant's prune, keyed by the Python function."""
 
 
 SYMBOLIC_EFFECTS: Mapping[E.Effect, SymEffect] = {
@@ -792,6 +809,11 @@ class Prover:
             wall_now=w.fresh("wall_now", z3.IntSort()),
             op_deadline=w.fresh("op_deadline", z3.IntSort()),
             rollback_window=z3.IntVal(self.variant.rollback_window),
+            last_call_age=(
+                w.fresh("last_call_age", z3.IntSort())
+                if self.variant.liveness_clock == LOCAL
+                else None
+            ),
         )
         if w.finite:
             facts.append(z3.Or(*[ctx.node == c for c in w.consts]))
@@ -807,6 +829,7 @@ class Prover:
                 "mono_now": ctx.mono_now,
                 "wall_now": ctx.wall_now,
                 "op_deadline": ctx.op_deadline,
+                **({} if ctx.last_call_age is None else {"last_call_age": ctx.last_call_age}),
             },
             atoms={a.value: sym_atom(w, a, ctx) for a in Atom},
         )
@@ -866,18 +889,26 @@ class Prover:
         )
 
     def setup_sanitize(self, w: World) -> Setup:
-        sanitizer = self.variant.sanitize
-        model = SYMBOLIC_SANITIZERS.get(sanitizer)
+        pruner = self.variant.prune
+        model = SYMBOLIC_PRUNERS.get(pruner)
         if model is None:
             raise MissingModel(
-                f"sanitize {sanitizer.__module__}.{sanitizer.__qualname__} has no symbolic "
-                "model: add one to model_check.prove.SYMBOLIC_SANITIZERS (and to its "
+                f"prune {pruner.__module__}.{pruner.__qualname__} has no symbolic "
+                "model: add one to model_check.prove.SYMBOLIC_PRUNERS (and to its "
                 "cross-check test)"
             )
         st, facts = self._settings(w)
         before = fresh_state(w, "before")
         wall = w.fresh("wall_now", self.z3.IntSort())
-        after = model(w, before, st, wall)
+        local = self.variant.liveness_clock == LOCAL
+        # Wall clock: the nodes the wall clock expires. Local clock: whichever nodes this
+        # observer's own ages expire, i.e. ANY set of nodes (the proof covers them all).
+        dead = (
+            w.fresh("dead", self.z3.ArraySort(w.Node, self.z3.BoolSort()))
+            if local
+            else dead_by_wall(w, before, st, wall)
+        )
+        after = model(w, before, dead, st)
         hypotheses = [
             *facts,
             *state_facts(w, before),
@@ -887,8 +918,10 @@ class Prover:
         ]
 
         def replay(c: Concrete) -> list[str]:
-            after_real = sanitizer(c.before, c.settings, c.wall_now).state
-            return _replay_lines(c.before, after_real, c.settings, sanitizer.__name__)
+            if local:
+                return ["  (local liveness clock: the dead set is shown above; not replayed)"]
+            after_real = self.variant.sanitize_by_wall(c.before, c.settings, c.wall_now).state
+            return _replay_lines(c.before, after_real, c.settings, pruner.__name__)
 
         symbols = Symbols(before=before, after=after, settings=st, clocks={"wall_now": wall})
         return Setup(w, hypotheses, self._goals(w, before, after, st), symbols, replay)
@@ -963,6 +996,9 @@ class Prover:
                 wall_now=wall,
                 op_deadline=num(sym.clocks["op_deadline"]),
                 rollback_window=self.variant.rollback_window,
+                last_call_age=(
+                    num(sym.clocks["last_call_age"]) if "last_call_age" in sym.clocks else None
+                ),
             )
         return Concrete(state, settings, node, ctx, wall)
 

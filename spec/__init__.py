@@ -18,6 +18,9 @@ from spec.codec import CorruptState, decode, encode
 from spec.effects import (
     UPSTREAM_EFFECTS,
     Sanitized,
+    expired_by_wall,
+    prune,
+    prune_ending_broken_rounds,
     remove_participant_epilogue,
     sanitize,
     sanitize_ending_broken_rounds,
@@ -58,7 +61,17 @@ from spec.machine import (
 from spec.settings import SECOND, Settings, SettingsError
 from spec.state import EMPTY_STATE, KEEP, Millis, NodeId, RendezvousState
 from spec.tables import Atom, Context, Literal, NoRowMatches, Row, Table, row
-from spec.variants import HARDENED, TORCH_213, UPSTREAM, VARIANTS, Sanitizer, Variant, get_variant
+from spec.variants import (
+    HARDENED,
+    LOCAL,
+    TORCH_213,
+    UPSTREAM,
+    VARIANTS,
+    WALL,
+    Pruner,
+    Variant,
+    get_variant,
+)
 from spec.vocabulary import ACTION_FAILURES, Action, FailKind, Op
 
 __all__ = [
@@ -66,6 +79,7 @@ __all__ = [
     "EMPTY_STATE",
     "HARDENED",
     "KEEP",
+    "LOCAL",
     "SECOND",
     "STATE_INVARIANTS",
     "STATE_KEY",
@@ -74,6 +88,7 @@ __all__ = [
     "UPSTREAM",
     "UPSTREAM_EFFECTS",
     "VARIANTS",
+    "WALL",
     "Action",
     "Atom",
     "CasResult",
@@ -95,13 +110,13 @@ __all__ = [
     "Now",
     "Op",
     "Phase",
+    "Pruner",
     "Read",
     "ReadResult",
     "RendezvousState",
     "Request",
     "Row",
     "Sanitized",
-    "Sanitizer",
     "Settings",
     "SettingsError",
     "StartOp",
@@ -118,8 +133,11 @@ __all__ = [
     "context",
     "decode",
     "encode",
+    "expired_by_wall",
     "get_variant",
     "next_timer",
+    "prune",
+    "prune_ending_broken_rounds",
     "remove_participant_epilogue",
     "row",
     "sanitize",

@@ -149,18 +149,24 @@ class Sanitized:
     """True when at least one pruned node was a participant (the epilogue ran)."""
 
 
-def sanitize(state: RendezvousState, settings: Settings, wall_now: Millis) -> Sanitized:
-    """Prune every node whose last heartbeat is older than the expiry.
+def expired_by_wall(
+    state: RendezvousState, settings: Settings, wall_now: Millis
+) -> tuple[NodeId, ...]:
+    """Nodes whose last heartbeat, compared with this node's wall clock, is older than the
+    expiry: ``t < wall_now - interval * max_attempt`` (strictly, as in the reference).
 
-    A heartbeat at ``t`` expires when ``t < wall_now - interval * max_attempt``
-    (strictly older than the expiry, as in the reference). Pruned nodes leave every
-    list; if a participant was among them the round epilogue runs.
+    This compares a time written by one machine with another machine's clock: with
+    clock skew larger than the expiry it evicts live nodes (the checker's finding 1).
     """
     limit = wall_now - settings.heartbeat_expiry
-    dead = tuple(node for node, beat in state.last_heartbeats if beat < limit)
-    if not dead:
+    return tuple(node for node, beat in state.last_heartbeats if beat < limit)
+
+
+def prune(state: RendezvousState, dead: tuple[NodeId, ...], settings: Settings) -> Sanitized:
+    """Remove ``dead`` nodes from every list; run the epilogue if a participant was one."""
+    gone = set(dead) & set(state.heartbeat_map())
+    if not gone:
         return Sanitized(state, (), False)
-    gone = set(dead)
     members = {n: r for n, r in state.participants if n not in gone}
     removed = len(members) != state.num_participants
     new = state.evolve(
@@ -171,13 +177,23 @@ def sanitize(state: RendezvousState, settings: Settings, wall_now: Millis) -> Sa
     )
     if removed:
         new = remove_participant_epilogue(new, settings)
-    return Sanitized(new, dead, removed)
+    return Sanitized(new, tuple(sorted(gone)), removed)
 
 
-def sanitize_ending_broken_rounds(
-    state: RendezvousState, settings: Settings, wall_now: Millis
+def sanitize(state: RendezvousState, settings: Settings, wall_now: Millis) -> Sanitized:
+    """Prune every node whose last heartbeat is older than the expiry (by the wall clock).
+
+    A heartbeat at ``t`` expires when ``t < wall_now - interval * max_attempt``
+    (strictly older than the expiry, as in the reference). Pruned nodes leave every
+    list; if a participant was among them the round epilogue runs.
+    """
+    return prune(state, expired_by_wall(state, settings, wall_now), settings)
+
+
+def prune_ending_broken_rounds(
+    state: RendezvousState, dead: tuple[NodeId, ...], settings: Settings
 ) -> Sanitized:
-    """Sanitize, and end a complete round that lost a participant to expiry.
+    """Prune, and end a complete round that lost a participant to expiry.
 
     In the reference protocol a participant that dies after its round completed is
     pruned silently: the survivors stay in a complete round with a hole in it, nothing
@@ -187,7 +203,7 @@ def sanitize_ending_broken_rounds(
     workers and re-forms the job. Voluntary exits need no such rule: the exiting node
     joins the wait list itself when it comes back.
     """
-    cleaned = sanitize(state, settings, wall_now)
+    cleaned = prune(state, dead, settings)
     after = cleaned.state
     broken = (
         cleaned.removed_participant
@@ -207,3 +223,10 @@ def sanitize_ending_broken_rounds(
         wait_list=(*after.wait_list, *survivors),
     )
     return Sanitized(reopened, cleaned.dead, True)
+
+
+def sanitize_ending_broken_rounds(
+    state: RendezvousState, settings: Settings, wall_now: Millis
+) -> Sanitized:
+    """:func:`prune_ending_broken_rounds` of the nodes expired by the wall clock."""
+    return prune_ending_broken_rounds(state, expired_by_wall(state, settings, wall_now), settings)

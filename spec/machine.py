@@ -28,10 +28,11 @@ import enum
 from dataclasses import dataclass, replace
 
 from spec.codec import CorruptState, decode, encode
+from spec.effects import expired_by_wall
 from spec.settings import Settings
 from spec.state import EMPTY_STATE, Millis, NodeId, RendezvousState
 from spec.tables import Context
-from spec.variants import UPSTREAM, Variant
+from spec.variants import LOCAL, UPSTREAM, Variant
 from spec.vocabulary import ACTION_FAILURES, Action, FailKind, Op
 
 Token = int | str | bytes
@@ -178,6 +179,11 @@ class Local:
     phase: Phase = Phase.IDLE
     op: Op | None = None
     deadline: Millis = 0
+    seen_beats: tuple[tuple[NodeId, Millis, Millis], ...] = ()
+    """Local liveness clock only: (node, heartbeat value, monotonic time this node first
+    saw that value), sorted by node. Empty under the wall clock."""
+    seen_last_call: tuple[Millis, Millis] | None = None
+    """Local liveness clock only: (last-call deadline value, monotonic time first seen)."""
 
 
 @dataclass(frozen=True)
@@ -267,15 +273,67 @@ def _absorb(
         view = EMPTY_STATE if data is None else decode(data)
     except CorruptState as exc:
         return _fail(local, FailKind.CORRUPT_STATE, str(exc))
-    cleaned = config.variant.sanitize(view, config.settings, now.wall)
-    dirty = cleaned.removed_participant and config.variant.prune_marks_dirty
-    fresh = replace(local, view=cleaned.state, token=token, dirty=dirty, synced_at=now.mono)
+    variant, settings = config.variant, config.settings
+    if variant.liveness_clock == LOCAL:
+        beats, last_call = observe(local, view, now.mono)
+        cleaned = variant.prune(view, expired_by_age(beats, now.mono, settings), settings)
+        gone = set(cleaned.dead)
+        beats = tuple(entry for entry in beats if entry[0] not in gone)
+        if cleaned.state.deadline is None:
+            last_call = None
+    else:
+        beats, last_call = (), None
+        cleaned = variant.prune(view, expired_by_wall(view, settings, now.wall), settings)
+    dirty = cleaned.removed_participant and variant.prune_marks_dirty
+    fresh = replace(
+        local,
+        view=cleaned.state,
+        token=token,
+        dirty=dirty,
+        synced_at=now.mono,
+        seen_beats=beats,
+        seen_last_call=last_call,
+    )
     decided = _decide(fresh, now, config)
     return replace(decided, pruned=cleaned.dead) if cleaned.dead else decided
 
 
+def observe(
+    local: Local, view: RendezvousState, mono: Millis
+) -> tuple[tuple[tuple[NodeId, Millis, Millis], ...], tuple[Millis, Millis] | None]:
+    """Update the local liveness clock with a freshly read ``view`` at monotonic ``mono``:
+    a heartbeat value or last-call deadline seen for the first time starts its age at 0."""
+    before = {node: (value, seen) for node, value, seen in local.seen_beats}
+    beats = []
+    for node, value in view.last_heartbeats:
+        old = before.get(node)
+        seen = old[1] if old is not None and old[0] == value else mono
+        beats.append((node, value, seen))
+    last_call = None
+    if view.deadline is not None:
+        old_call = local.seen_last_call
+        kept = old_call is not None and old_call[0] == view.deadline
+        last_call = (view.deadline, old_call[1] if old_call is not None and kept else mono)
+    return tuple(beats), last_call
+
+
+def expired_by_age(
+    beats: tuple[tuple[NodeId, Millis, Millis], ...], mono: Millis, settings: Settings
+) -> tuple[NodeId, ...]:
+    """Nodes whose heartbeat value this node has seen unchanged for longer than the expiry
+    (on its own monotonic clock). The age a node measures is never more than the time
+    since the value was written, so a live node that beats within the expiry is never
+    evicted, whatever the offsets between the machines' wall clocks."""
+    return tuple(node for node, _, seen in beats if mono - seen > settings.heartbeat_expiry)
+
+
 def context(local: Local, now: Now, config: Config) -> Context:
     """The guard context a node in ``local`` sees at ``now``."""
+    last_call_age = None
+    if config.variant.liveness_clock == LOCAL and local.view.deadline is not None:
+        seen = local.seen_last_call
+        first = seen[1] if seen is not None and seen[0] == local.view.deadline else now.mono
+        last_call_age = now.mono - first
     return Context(
         node=local.node,
         state=local.view,
@@ -284,6 +342,7 @@ def context(local: Local, now: Now, config: Config) -> Context:
         wall_now=now.wall,
         op_deadline=local.deadline,
         rollback_window=config.variant.rollback_window,
+        last_call_age=last_call_age,
     )
 
 
@@ -300,7 +359,7 @@ def _decide(local: Local, now: Now, config: Config) -> Step:
         failed = _fail(local, kind, _failure_message(op, kind, local))
         return replace(failed, action=action, row=index)
     if action is Action.SYNC:
-        until = next_timer(ctx, config)
+        until = next_timer(ctx, config, local)
         wait = Wait(config.key, local.token, until)
         return Step(replace(local, phase=Phase.WAITING), wait, action, index)
     effect = config.variant.effects[action]
@@ -327,14 +386,16 @@ def _failure_message(op: Op, kind: FailKind, local: Local) -> str:
     return f"the {op.value} operation of node {local.node} did not finish before its deadline"
 
 
-def next_timer(ctx: Context, config: Config) -> Millis:
+def next_timer(ctx: Context, config: Config, local: Local | None = None) -> Millis:
     """The earliest monotonic instant after now at which some guard or sanitize may
     change its verdict without any write to the store.
 
     Candidates: the op deadline and the end of the rollback window (monotonic); this
-    node's heartbeat becoming due, the last call ending and any listed node's heartbeat
-    expiring (wall clock, converted with the node's current offset between its clocks).
-    The op deadline plus the rollback window bounds every wait, so no wait is endless.
+    node's heartbeat becoming due (its own wall clock, converted with its current offset
+    between its clocks); the last call ending and any listed node's heartbeat expiring,
+    on the wall clock or, under the local liveness clock, on the monotonic clock from
+    when this node first saw the value (taken from ``local``). The op deadline plus the
+    rollback window bounds every wait, so no wait is endless.
     """
     mono, wall = ctx.mono_now, ctx.wall_now
     settings = ctx.settings
@@ -343,9 +404,15 @@ def next_timer(ctx: Context, config: Config) -> Millis:
     own = ctx.state.heartbeat_of(ctx.node)
     if own is not None:
         walls.append(own + settings.keep_alive_interval)
-    if ctx.state.deadline is not None:
-        walls.append(ctx.state.deadline + 1)
-    walls.extend(beat + settings.heartbeat_expiry + 1 for _, beat in ctx.state.last_heartbeats)
+    if config.variant.liveness_clock == LOCAL:
+        if ctx.last_call_age is not None:
+            candidates.append(mono - ctx.last_call_age + settings.last_call_timeout + 1)
+        seen_beats = () if local is None else local.seen_beats
+        candidates.extend(seen + settings.heartbeat_expiry + 1 for _, _, seen in seen_beats)
+    else:
+        if ctx.state.deadline is not None:
+            walls.append(ctx.state.deadline + 1)
+        walls.extend(beat + settings.heartbeat_expiry + 1 for _, beat in ctx.state.last_heartbeats)
     candidates.extend(w - wall + mono for w in walls)
     future = [c for c in candidates if c > mono]
     return min(future) if future else mono + 1

@@ -44,6 +44,9 @@ class Context:
     """Monotonic instant after which the running operation has timed out."""
     rollback_window: Millis
     """After the op deadline, how long a joining node may still undo its membership."""
+    last_call_age: Millis | None = None
+    """Local liveness clock only: how long this node has seen the current last-call
+    deadline (on its monotonic clock). None under the wall clock, or with no last call."""
 
 
 class Atom(enum.Enum):
@@ -81,7 +84,12 @@ def _heartbeat_due(ctx: Context) -> bool:
 
 def _last_call_over(ctx: Context) -> bool:
     deadline = ctx.state.deadline
-    return deadline is not None and deadline < ctx.wall_now
+    if deadline is None:
+        return False
+    if ctx.last_call_age is not None:
+        # Local liveness clock: this node has itself watched a whole last call go by.
+        return ctx.last_call_age > ctx.settings.last_call_timeout
+    return deadline < ctx.wall_now
 
 
 ATOM_PREDICATES: dict[Atom, Callable[[Context], bool]] = {
@@ -110,7 +118,10 @@ ATOM_DOCS: dict[Atom, str] = {
     Atom.AT_MAX: "participants == max_nodes",
     Atom.BELOW_MAX: "participants < max_nodes",
     Atom.SIZE_IN_RANGE: "min_nodes <= participants <= max_nodes",
-    Atom.LAST_CALL_OVER: "a last-call deadline is set and is earlier than this node's wall clock",
+    Atom.LAST_CALL_OVER: (
+        "a last-call deadline is set and is earlier than this node's wall clock (local "
+        "liveness clock: this node has seen it for longer than last_call_timeout)"
+    ),
     Atom.PAST_DEADLINE: "this node's monotonic clock is past the operation's deadline",
     Atom.IN_ROLLBACK_WINDOW: "monotonic clock <= operation deadline + rollback window",
     Atom.HEARTBEAT_DUE: ("this node has a heartbeat and it is at least keep_alive_interval old"),

@@ -18,6 +18,18 @@ Switches:
 ``rollback_window``
     How long after its join deadline a node may still withdraw from the participants
     or the wait list before it reports the timeout (5 s in the reference).
+
+``liveness_clock``
+    ``"wall"`` (the reference): a heartbeat expires, and the last call ends, when the
+    time written in the state is far enough behind *this* node's wall clock. ``"local"``:
+    a node measures, on its own monotonic clock, how long it has seen a heartbeat value
+    (or a last-call deadline) stand unchanged; the values written are only change
+    markers. No two machines' clocks are ever compared; only their rates are assumed
+    to agree within a small bound.
+
+``prune``
+    Removes the expired nodes (:func:`spec.effects.prune`, or the hardened
+    :func:`spec.effects.prune_ending_broken_rounds`).
 """
 
 from __future__ import annotations
@@ -30,11 +42,12 @@ from spec.effects import (
     UPSTREAM_EFFECTS,
     Effect,
     Sanitized,
-    sanitize,
-    sanitize_ending_broken_rounds,
+    expired_by_wall,
+    prune,
+    prune_ending_broken_rounds,
 )
 from spec.settings import SECOND, Settings
-from spec.state import Millis, RendezvousState
+from spec.state import Millis, NodeId, RendezvousState
 from spec.tables import (
     QUERY,
     UPSTREAM_CLOSE,
@@ -48,8 +61,11 @@ from spec.tables import (
 )
 from spec.vocabulary import Action, Op
 
-Sanitizer = Callable[[RendezvousState, Settings, Millis], Sanitized]
-"""Prunes expired nodes from a freshly read state (see :func:`spec.effects.sanitize`)."""
+Pruner = Callable[[RendezvousState, tuple[NodeId, ...], Settings], Sanitized]
+"""Removes the given expired nodes from a freshly read state (see :func:`spec.effects.prune`)."""
+
+WALL = "wall"
+LOCAL = "local"
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,13 +78,23 @@ class Variant:
     effects: Mapping[Action, Effect]
     prune_marks_dirty: bool = True
     rollback_window: Millis = 5 * SECOND
-    sanitize: Sanitizer = sanitize
-    """Applied to every state a node reads or gets back from a write."""
+    prune: Pruner = prune
+    """Removes expired nodes from every state a node reads or gets back from a write."""
+    liveness_clock: str = WALL
+    """How a node decides that another node's heartbeat and the last call are over:
+    ``"wall"`` compares the times written in the state with its own wall clock (the
+    reference); ``"local"`` measures, on its own monotonic clock, how long a value has
+    stood unchanged since it first saw it, so no two machines' clocks are compared."""
     parent: str | None = None
     changes: tuple[str, ...] = field(default=())
     """Human-readable list of what differs from ``parent``."""
 
     def __post_init__(self) -> None:
+        if self.liveness_clock not in (WALL, LOCAL):
+            raise ValueError(
+                f"variant {self.name!r}: liveness_clock must be {WALL!r} or {LOCAL!r}, "
+                f"got {self.liveness_clock!r}"
+            )
         missing = [op.value for op in Op if op not in self.tables]
         if missing:
             raise ValueError(f"variant {self.name!r} has no table for {missing}")
@@ -82,6 +108,12 @@ class Variant:
     def table(self, op: Op) -> Table:
         return self.tables[op]
 
+    def sanitize_by_wall(
+        self, state: RendezvousState, settings: Settings, wall_now: Millis
+    ) -> Sanitized:
+        """This variant's pruning of the nodes expired by the wall clock ``wall_now``."""
+        return self.prune(state, expired_by_wall(state, settings, wall_now), settings)
+
     def derive(
         self,
         name: str,
@@ -92,7 +124,8 @@ class Variant:
         effects: Mapping[Action, Effect] | None = None,
         prune_marks_dirty: bool | None = None,
         rollback_window: Millis | None = None,
-        sanitize: Sanitizer | None = None,
+        prune: Pruner | None = None,
+        liveness_clock: str | None = None,
     ) -> Variant:
         """A new variant that differs from this one only as listed.
 
@@ -141,8 +174,10 @@ class Variant:
             changes.append(f"prune_marks_dirty: {self.prune_marks_dirty} -> {prune_marks_dirty}")
         if rollback_window is not None and rollback_window != self.rollback_window:
             changes.append(f"rollback_window: {self.rollback_window} -> {rollback_window} ms")
-        if sanitize is not None and sanitize is not self.sanitize:
-            changes.append(f"sanitize: {self.sanitize.__name__} -> {sanitize.__name__}")
+        if prune is not None and prune is not self.prune:
+            changes.append(f"prune: {self.prune.__name__} -> {prune.__name__}")
+        if liveness_clock is not None and liveness_clock != self.liveness_clock:
+            changes.append(f"liveness_clock: {self.liveness_clock} -> {liveness_clock}")
         return Variant(
             name=name,
             description=description,
@@ -152,7 +187,8 @@ class Variant:
                 self.prune_marks_dirty if prune_marks_dirty is None else prune_marks_dirty
             ),
             rollback_window=self.rollback_window if rollback_window is None else rollback_window,
-            sanitize=self.sanitize if sanitize is None else sanitize,
+            prune=self.prune if prune is None else prune,
+            liveness_clock=self.liveness_clock if liveness_clock is None else liveness_clock,
             parent=self.name,
             changes=tuple(changes),
         )
@@ -196,8 +232,9 @@ HARDENED = UPSTREAM.derive(
     description=(
         "Fixes what the model checker finds in upstream: a complete round that loses a "
         "participant to expiry is ended and its survivors queued (so num_nodes_waiting "
-        "reports it), and a participant whose join deadline passes while min_nodes is "
-        "reached completes the round instead of abandoning it."
+        "reports it), a participant whose join deadline passes while min_nodes is "
+        "reached completes the round instead of abandoning it, and liveness and the "
+        "last call are measured on each node's own monotonic clock."
     ),
     insert={
         (Op.JOIN, _FIRST_ROLLBACK_ROW): row(
@@ -209,7 +246,8 @@ HARDENED = UPSTREAM.derive(
             why="min reached: complete now rather than abandon a viable round",
         )
     },
-    sanitize=sanitize_ending_broken_rounds,
+    prune=prune_ending_broken_rounds,
+    liveness_clock=LOCAL,
 )
 
 VARIANTS: Mapping[str, Variant] = MappingProxyType(

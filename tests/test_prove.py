@@ -162,24 +162,40 @@ def test_symbolic_effect_equals_spec_effect(
     check_effect_agrees(effect, P.SYMBOLIC_EFFECTS[effect], state, settings, who)
 
 
-SANITIZERS = sorted(P.SYMBOLIC_SANITIZERS, key=lambda f: f.__name__)
+PRUNERS = sorted(P.SYMBOLIC_PRUNERS, key=lambda f: f.__name__)
 
 
-def test_every_variant_sanitize_has_a_symbolic_model() -> None:
+def test_every_variant_prune_has_a_symbolic_model() -> None:
     for variant in VARIANTS.values():
-        assert variant.sanitize in P.SYMBOLIC_SANITIZERS, variant.name
+        assert variant.prune in P.SYMBOLIC_PRUNERS, variant.name
 
 
-@pytest.mark.parametrize("sanitizer", SANITIZERS, ids=[f.__name__ for f in SANITIZERS])
+@pytest.mark.parametrize("pruner", PRUNERS, ids=[f.__name__ for f in PRUNERS])
+@hypothesis_settings(max_examples=EXAMPLES)
+@given(state=states(), settings=settings_(), dead=st.sets(st.integers(0, 2)))
+def test_symbolic_prune_equals_spec_prune(
+    pruner: Callable[..., E.Sanitized],
+    state: RendezvousState,
+    settings: Settings,
+    dead: set[int],
+) -> None:
+    w = world()
+    nodes = tuple(NODES[i] for i in sorted(dead))
+    dead_set = w.set_of(lambda x: z3.Or(False, *[x == node_const(w, n) for n in nodes]))
+    model = P.SYMBOLIC_PRUNERS[pruner]
+    after = model(w, P.concrete_state(w, state), dead_set, P.concrete_settings(w, settings))
+    real = pruner(state, nodes, settings).state
+    forced(w, list(w.side), state_pairs(w, after, real))
+
+
 @hypothesis_settings(max_examples=EXAMPLES)
 @given(state=states(), settings=settings_(), wall=st.integers(0, 60))
 def test_symbolic_sanitize_equals_spec_sanitize(
-    sanitizer: Callable[..., E.Sanitized], state: RendezvousState, settings: Settings, wall: int
+    state: RendezvousState, settings: Settings, wall: int
 ) -> None:
     w = world()
-    model = P.SYMBOLIC_SANITIZERS[sanitizer]
-    after = model(w, P.concrete_state(w, state), P.concrete_settings(w, settings), wall)
-    real = sanitizer(state, settings, wall).state
+    after = P.s_sanitize(w, P.concrete_state(w, state), P.concrete_settings(w, settings), wall)
+    real = E.sanitize(state, settings, wall).state
     forced(w, list(w.side), state_pairs(w, after, real))
 
 

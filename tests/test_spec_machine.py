@@ -39,8 +39,8 @@ from spec.machine import (
 )
 from spec.settings import Settings
 from spec.state import EMPTY_STATE, NodeId, RendezvousState
-from spec.tables import Context
-from spec.variants import TORCH_213, UPSTREAM, Variant
+from spec.tables import Atom, Context
+from spec.variants import HARDENED, TORCH_213, UPSTREAM, Variant
 from spec.vocabulary import Action, FailKind, Op
 
 ME = NodeId("worker-0.example.com", 4242, 0)
@@ -579,3 +579,78 @@ def test_nodes_served_in_turn_complete_a_round_together(count: int, last_call_ne
         assert s.local.view.participant_map() == final.participant_map()
     # Completing below max_nodes has to wait for the last call to end.
     assert (sim.clock >= SETTINGS.last_call_timeout) is last_call_needed
+
+
+# -- the local liveness clock (hardened) ------------------------------------------------
+UNCACHED = dataclasses.replace(SETTINGS, cache_duration=0)  # every query reads the store
+HARD = Config(UNCACHED, HARDENED)
+WALL_CLOCK = Config(UNCACHED, UPSTREAM)
+
+
+def query(config: Config, local: Local, state: RendezvousState, mono: int, wall: int) -> Step:
+    s = step(local, StartOp(Op.QUERY, mono + JOIN, Now(mono, wall)), config)
+    assert isinstance(s.request, Read)
+    s = step(s.local, ReadResult(encode(state), 1, Now(mono, wall)), config)
+    assert isinstance(s.request, Done)
+    return s
+
+
+# A's heartbeat was written 1 s ago by A's clock; this node's wall clock runs 100 s ahead.
+SKEWED = RendezvousState.build(
+    complete=True, participants={A: 0, ME: 1}, last_heartbeats={A: WALL - 1000, ME: WALL}
+)
+
+
+def test_upstream_evicts_a_live_peer_when_the_wall_clocks_disagree() -> None:
+    s = query(WALL_CLOCK, Local(ME), SKEWED, MONO, WALL + 100_000)
+    assert set(s.pruned) == {A, ME}  # both look 100 s old to the fast clock
+
+
+def test_hardened_measures_liveness_on_its_own_monotonic_clock() -> None:
+    # First sight: every heartbeat value is 0 ms old, whatever the wall clocks say.
+    s = query(HARD, Local(ME), SKEWED, MONO, WALL + 100_000)
+    assert s.pruned == ()
+    assert s.local.seen_beats == ((ME, WALL, MONO), (A, WALL - 1000, MONO))  # sorted
+    # A keeps beating: its value changes, so its age restarts.
+    beat = SKEWED.evolve(last_heartbeats={A: WALL + 4000, ME: WALL})
+    s = query(HARD, s.local, beat, MONO + EXPIRY, WALL + 100_000 + EXPIRY)
+    assert s.pruned == ()
+    assert dict((n, seen) for n, _, seen in s.local.seen_beats) == {A: MONO + EXPIRY, ME: MONO}
+    # ME's own value stood unchanged for exactly the expiry: not yet expired; 1 ms more is.
+    assert query(HARD, s.local, beat, MONO + EXPIRY, WALL).pruned == ()
+    late = query(HARD, s.local, beat, MONO + EXPIRY + 1, WALL)
+    assert late.pruned == (ME,)
+    assert ME not in {n for n, _, _ in late.local.seen_beats}
+
+
+def test_hardened_prune_ends_a_complete_round_that_lost_a_member() -> None:
+    s = query(HARD, Local(ME), SKEWED, MONO, WALL)
+    s = query(HARD, s.local, SKEWED, MONO + EXPIRY + 1, WALL)  # nobody beat since
+    assert set(s.pruned) == {A, ME}
+    assert s.local.view.round == SKEWED.round + 1  # the last member left: next round
+
+
+def test_hardened_last_call_is_timed_from_first_sight() -> None:
+    open_round = RendezvousState.build(
+        participants={A: 0, ME: 0},
+        deadline=WALL - 10**9,  # long past by any wall clock: ignored under "local"
+        last_heartbeats={A: WALL, ME: WALL},
+    )
+    s = query(HARD, Local(ME), open_round, MONO, WALL)
+    assert s.local.seen_last_call == (WALL - 10**9, MONO)
+    for dt, over in ((SETTINGS.last_call_timeout, False), (SETTINGS.last_call_timeout + 1, True)):
+        ctx = context(s.local, Now(MONO + dt, WALL), HARD)
+        assert ctx.last_call_age == dt
+        assert Atom.LAST_CALL_OVER.holds(ctx) is over
+    # Under the wall clock the same state's last call is long over.
+    wall_local = query(WALL_CLOCK, Local(ME), open_round, MONO, WALL).local
+    wall_ctx = context(wall_local, at(), WALL_CLOCK)
+    assert wall_ctx.last_call_age is None and Atom.LAST_CALL_OVER.holds(wall_ctx)
+
+
+def test_hardened_next_timer_uses_first_sight_times() -> None:
+    s = query(HARD, Local(ME), SKEWED, MONO, WALL + 100_000)
+    ctx = context(s.local, Now(MONO, WALL + 100_000), HARD)
+    # Own heartbeat due by its own wall clock, 100 s ago: that timer is in the past; the
+    # next one is the expiry of what was seen at MONO.
+    assert next_timer(ctx, HARD, s.local) == MONO + EXPIRY + 1

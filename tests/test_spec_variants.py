@@ -49,7 +49,8 @@ def test_hardened_is_a_small_named_diff_of_upstream() -> None:
     assert HARDENED.changes == (
         "join: insert before row 6: [past_deadline and not complete and participant and "
         "size_in_range -> mark_rendezvous_complete]",
-        "sanitize: sanitize -> sanitize_ending_broken_rounds",
+        "prune: prune -> prune_ending_broken_rounds",
+        "liveness_clock: wall -> local",
     )
     assert HARDENED.prune_marks_dirty is UPSTREAM.prune_marks_dirty
     assert dict(HARDENED.effects) == dict(UPSTREAM.effects)
