@@ -576,3 +576,33 @@ def test_a_dead_member_of_a_complete_round_is_reported_only_by_hardened(
         assert state.round == 0 and state.complete and state.participant_nodes() == (a.node,)
     a.shutdown()
     b.shutdown()
+
+
+# -- clock skew (model checker finding 1) ------------------------------------------------------
+@pytest.mark.parametrize("protocol", ["upstream", "hardened"])
+def test_wall_clock_skew_evicts_a_live_node_only_under_upstream(protocol: str) -> None:
+    store = MemoryStore()
+    slow, fast = FakeClock(), FakeClock()
+    fast.skew_wall(100.0)  # b's wall clock runs 100 s ahead; the expiry is 15 s
+    a = fake_clock_handler(store, slow, 2, 2, keep_alive_interval=5, protocol=protocol)
+    b = fake_clock_handler(store, fast, 2, 2, keep_alive_interval=5, protocol=protocol)
+    first = run_all_async([a.next_rendezvous])
+    for _ in range(200):  # a has joined and waits for a second node
+        if stored_state_or_none(store) is not None:
+            break
+        store.wait_for_change("rdzv/job/state", None, timedelta(seconds=0.05))
+    assert stored_state(store).participant_nodes() == (a.node,)
+    (info_b,) = run_all([b.next_rendezvous])
+    (info_a,) = first()
+    assert not isinstance(info_a, BaseException) and not isinstance(info_b, BaseException)
+    if protocol == "upstream":
+        # b judged a's fresh heartbeat 100 s old and pruned it from the round it returned:
+        # the two members disagree about the world they are in.
+        assert (info_a.world_size, info_b.world_size) == (2, 1)
+    else:
+        assert (info_a.world_size, info_b.world_size) == (2, 2)
+        assert sorted((info_a.rank, info_b.rank)) == [0, 1]
+    # Stop the heartbeat threads without closing: a close could lose a write race and
+    # then back off on a fake clock that this test never advances.
+    a._stop_heartbeats()
+    b._stop_heartbeats()
