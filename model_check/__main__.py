@@ -1,17 +1,437 @@
-"""``python -m model_check``: placeholder until the explorer lands (issue 3)."""
+"""``python -m model_check``: explore the protocol and print a reproduction recipe.
+
+Exit codes: 0 every property holds in the explored space, 1 a violation was found (or a
+replayed trace reproduced its violation), 2 bad usage, 3 a ``--max-states`` bound cut the
+search before it was exhaustive and no violation was found in the explored part.
+
+``python -m model_check prove ...`` hands over to :mod:`model_check.prove` when that
+module is installed.
+"""
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import json
+import resource
 import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import spec
+from model_check.explore import Result, explore, on_timeless_cycle, replay
+from model_check.model import (
+    Faults,
+    ModelConfig,
+    Move,
+    Outcome,
+    Violation,
+    World,
+    describe_proc,
+    initial_world,
+    store_state,
+)
+from model_check.planted import PLANTED
+
+TRACE_FORMAT = "rdzv-model-check-trace/1"
+DEFAULT_TRACE = "model_check_counterexample.json"
+EXHAUSTIVE_NODE_LIMIT = 12
+"""Largest --nodes accepted in exhaustive mode (beyond it, use --mode random)."""
+RANDOM_NODE_LIMIT = 1024
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    print(
-        "model_check: the explorer is not built yet; it will check the protocol in "
-        f"spec/ with arguments {args}"
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m model_check", description=__doc__)
+    p.add_argument("--nodes", type=int, default=8, help="processes launched (default 8)")
+    p.add_argument("--min-nodes", type=int, default=None, help="default: nodes - 1 (>= 1)")
+    p.add_argument("--max-nodes", type=int, default=None, help="default: nodes")
+    p.add_argument("--protocol", default="upstream", help="upstream, torch-2.13 or planted-*")
+    p.add_argument("--mode", choices=("exhaustive", "random"), default="exhaustive")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=20_000, help="random mode: total moves")
+    p.add_argument("--max-rounds", type=int, default=2)
+    p.add_argument("--closes", type=int, default=1, help="shutdown calls allowed")
+    p.add_argument("--crash", type=int, default=0, help="crash budget")
+    p.add_argument("--restart-new", type=int, default=0, help="restarts with a new identity")
+    p.add_argument("--restart-same", type=int, default=0, help="restarts with the same identity")
+    p.add_argument("--cas-unknown", type=int, default=0, help="CAS with unknown outcome")
+    p.add_argument("--store-down", type=int, default=0, help="store unreachable for one call")
+    p.add_argument("--skew", type=int, default=0, help="process 0's wall clock runs ahead (ticks)")
+    p.add_argument("--duplicate-identity", action="store_true", help="process 1 reuses 0's id")
+    p.add_argument("--late-starts", action="store_true", help="every agent may start after t=0")
+    p.add_argument("--late", type=int, default=0, help="this many agents may start after t=0")
+    p.add_argument("--cas-ignores-token", action="store_true", help="planted store bug")
+    p.add_argument("--tick-ms", type=int, default=5000, help="one tick = keep-alive interval")
+    p.add_argument("--join-timeout", type=int, default=4, help="ticks")
+    p.add_argument("--last-call", type=int, default=1, help="ticks")
+    p.add_argument("--close-timeout", type=int, default=2, help="ticks")
+    p.add_argument("--heartbeat-timeout", type=int, default=1, help="ticks")
+    p.add_argument("--max-states", type=int, default=None, help="unique-state bound (default none)")
+    p.add_argument("--no-symmetry", action="store_true")
+    p.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="exhaustive: explore everything and list every property violated",
     )
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--replay", metavar="FILE")
+    p.add_argument("--trace-out", metavar="FILE")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return p
+
+
+def _variant(name: str) -> spec.Variant:
+    if name in PLANTED:
+        return PLANTED[name]
+    try:
+        return spec.get_variant(name)
+    except ValueError as exc:
+        raise UsageError(f"{exc} (or a planted bug: {', '.join(sorted(PLANTED))})") from None
+
+
+def build_config(ns: argparse.Namespace) -> tuple[ModelConfig, dict[str, Any]]:
+    """Validate the options; returns the model and every derived knob (for line one)."""
+    n = ns.nodes
+    limit = EXHAUSTIVE_NODE_LIMIT if ns.mode == "exhaustive" else RANDOM_NODE_LIMIT
+    if not 1 <= n <= limit:
+        raise UsageError(f"--nodes {n} must be in 1..{limit} for --mode {ns.mode}")
+    min_nodes = ns.min_nodes if ns.min_nodes is not None else max(1, n - 1)
+    max_nodes = ns.max_nodes if ns.max_nodes is not None else n
+    for name in (
+        "max_rounds",
+        "steps",
+        "tick_ms",
+        "join_timeout",
+        "last_call",
+        "close_timeout",
+        "heartbeat_timeout",
+        "workers",
+    ):
+        if getattr(ns, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(ns, name)}")
+    for name in (
+        "late",
+        "closes",
+        "crash",
+        "restart_new",
+        "restart_same",
+        "cas_unknown",
+        "store_down",
+        "skew",
+    ):
+        if getattr(ns, name) < 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(ns, name)}")
+    if ns.duplicate_identity and n < 2:
+        raise UsageError("--duplicate-identity needs --nodes >= 2")
+    if ns.tick_ms < 2:
+        raise UsageError("--tick-ms must be >= 2")
+    max_states = ns.max_states
+    if max_states is None:
+        max_states = 0
+    if max_states < 0:
+        raise UsageError(f"--max-states must be >= 0, got {max_states}")
+    variant = _variant(ns.protocol)
+    try:
+        cfg = ModelConfig(
+            nodes=n,
+            min_nodes=min_nodes,
+            max_nodes=max_nodes,
+            variant=variant,
+            tick_ms=ns.tick_ms,
+            join_ticks=ns.join_timeout,
+            last_call_ticks=ns.last_call,
+            close_ticks=ns.close_timeout,
+            heartbeat_ticks=ns.heartbeat_timeout,
+            max_rounds=ns.max_rounds,
+            closes=ns.closes,
+            faults=Faults(ns.crash, ns.restart_new, ns.restart_same, ns.cas_unknown, ns.store_down),
+            skew_ticks=ns.skew,
+            duplicate_identity=ns.duplicate_identity,
+            late_starts=ns.late_starts,
+            late=ns.late,
+            cas_ignores_token=ns.cas_ignores_token,
+        )
+        settings = cfg.settings
+    except spec.SettingsError as exc:
+        raise UsageError(str(exc)) from None
+    params: dict[str, Any] = {
+        "protocol": variant.name,
+        "nodes": n,
+        "min_nodes": min_nodes,
+        "max_nodes": max_nodes,
+        "mode": ns.mode,
+        "seed": ns.seed,
+        "steps": ns.steps if ns.mode == "random" else "-",
+        "symmetry": "off" if ns.no_symmetry else "on",
+        "workers": ns.workers,
+        "max_rounds": ns.max_rounds,
+        "closes": ns.closes,
+        "faults": cfg.faults.describe(),
+        "skew": f"+{ns.skew}t@n_0_0",
+        "duplicate_identity": ns.duplicate_identity,
+        "late": "all" if ns.late_starts else ns.late,
+        "store": "cas-ignores-token" if ns.cas_ignores_token else "linearizable-cas",
+        "tick": f"{ns.tick_ms}ms",
+        "join": f"{ns.join_timeout}t",
+        "last_call": f"{ns.last_call}t",
+        "close": f"{ns.close_timeout}t",
+        "heartbeat": f"{ns.heartbeat_timeout}t",
+        "keep_alive": "1t",
+        "expiry": f"{settings.keep_alive_max_attempt}t",
+        "rollback": f"{variant.rollback_window}ms",
+        "cache": f"{settings.cache_duration}ms",
+        "max_states": max_states or "none",
+    }
+    return cfg, params
+
+
+def canonical_argv(ns: argparse.Namespace, params: dict[str, Any]) -> list[str]:
+    """Every option spelled out, so a trace file replays under the same model."""
+    argv = [
+        f"--nodes={ns.nodes}",
+        f"--min-nodes={params['min_nodes']}",
+        f"--max-nodes={params['max_nodes']}",
+        f"--protocol={params['protocol']}",
+        f"--max-rounds={ns.max_rounds}",
+        f"--closes={ns.closes}",
+        f"--crash={ns.crash}",
+        f"--restart-new={ns.restart_new}",
+        f"--restart-same={ns.restart_same}",
+        f"--cas-unknown={ns.cas_unknown}",
+        f"--store-down={ns.store_down}",
+        f"--skew={ns.skew}",
+        f"--late={ns.late}",
+        f"--tick-ms={ns.tick_ms}",
+        f"--join-timeout={ns.join_timeout}",
+        f"--last-call={ns.last_call}",
+        f"--close-timeout={ns.close_timeout}",
+        f"--heartbeat-timeout={ns.heartbeat_timeout}",
+    ]
+    for flag in ("duplicate_identity", "late_starts", "cas_ignores_token"):
+        if getattr(ns, flag):
+            argv.append("--" + flag.replace("_", "-"))
+    return argv
+
+
+def first_line(params: dict[str, Any]) -> str:
+    return "model_check " + " ".join(f"{k}={_fmt(v)}" for k, v in params.items())
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    text = str(v)
+    return f'"{text}"' if " " in text else text
+
+
+def summary_line(r: Result, *, complete: bool) -> str:
+    status = "violation" if r.violation else ("complete" if complete else "bound-reached")
+    return (
+        f"states={r.states} unique={r.unique} depth={r.depth} sec={r.seconds:.2f} result={status}"
+    )
+
+
+def render_steps(cfg: ModelConfig, steps: list[tuple[Move, Outcome]]) -> list[str]:
+    """Numbered moves, each with what happened and which processes changed."""
+    lines: list[str] = []
+    world: World = initial_world(cfg)
+    for index, (move, out) in enumerate(steps, 1):
+        lines.append(f"{index:3d}. {_move_text(world, move)}")
+        for note in out.notes:
+            lines.append(f"       {note}")
+        for before, after in zip(world.procs, out.world.procs, strict=True):
+            if describe_proc(before) != describe_proc(after):
+                lines.append(f"       {describe_proc(before)}  =>  {describe_proc(after)}")
+        for v in out.violations:
+            lines.append(f"       !! {v.name}: {v.message}")
+        world = out.world
+    lines.append("final store: " + store_state(world).describe())
+    return lines
+
+
+def _move_text(world: World, move: Move) -> str:
+    if move.slot < 0:
+        return str(move)
+    return f"{move} [{world.procs[move.slot].ident}]"
+
+
+def _progress(stats: dict[str, float]) -> None:
+    print(
+        "progress "
+        + " ".join(
+            f"{k}={int(v)}" if k != "states/s" else f"{k}={v:.0f}" for k, v in stats.items()
+        ),
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _write_trace(path: Path, argv: list[str], result: Result, lines: list[str]) -> None:
+    assert result.violation is not None
+    doc = {
+        "format": TRACE_FORMAT,
+        "argv": argv,
+        "violation": {"name": result.violation.name, "message": result.violation.message},
+        "moves": [[m.kind, m.slot] for m in result.path],
+        "rendered": lines,
+    }
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _replay_main(path_text: str, ns_json: bool) -> int:
+    path = Path(path_text)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read trace {path}: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("format") != TRACE_FORMAT:
+        raise UsageError(f"{path} is not a {TRACE_FORMAT} trace file")
+    argv = [str(a) for a in doc["argv"]]
+    ns = _parser().parse_args(argv)
+    cfg, params = build_config(ns)
+    moves = [Move(str(k), int(s)) for k, s in doc["moves"]]
+    print(first_line({**params, "replay": str(path)}))
+    try:
+        steps, _ = replay(cfg, moves)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    for line in render_steps(cfg, steps):
+        print(line)
+    expected = doc["violation"]["name"]
+    got = [v.name for v in steps[-1][1].violations] if steps else []
+    if expected == "livelock":
+        world = steps[-1][1].world if steps else initial_world(cfg)
+        cycle = on_timeless_cycle(world, cfg)
+        if cycle is not None:
+            print(f"from here these {len(cycle)} moves return to an equivalent world without")
+            print("time advancing: " + ", ".join(map(str, cycle)))
+            got.append("livelock")
+    if expected in got:
+        print(f"reproduced {expected} after {len(steps)} moves")
+        return 1
+    print(f"did NOT reproduce {expected} (the last move reported {got or 'nothing'})")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "prove":
+        try:
+            prove = importlib.import_module("model_check.prove")
+        except ModuleNotFoundError as exc:
+            if exc.name != "model_check.prove":
+                raise
+            print(
+                "model_check: error: 'prove' is not available (model_check/prove.py is not "
+                "installed)",
+                file=sys.stderr,
+            )
+            return 2
+        return int(prove.main(args[1:]))
+    try:
+        return _main(args)
+    except UsageError as exc:
+        print(f"model_check: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(args: list[str]) -> int:
+    ns = _parser().parse_args(args)
+    if ns.replay:
+        return _replay_main(ns.replay, ns.json)
+    cfg, params = build_config(ns)
+    argv = canonical_argv(ns, params)
+    if ns.mode == "exhaustive" and ns.workers != 1:
+        raise UsageError(
+            "--workers applies to --mode random (independent seeded walks in parallel "
+            "processes); exhaustive search runs in one process, use --workers 1"
+        )
+    head = first_line(params)
+    if not ns.json:
+        print(head, flush=True)
+    progress = None if ns.quiet else _progress
+    found: list[tuple[Violation, list[Move]]] = []
+    if ns.mode == "exhaustive":
+        result = explore(
+            cfg,
+            symmetry=not ns.no_symmetry,
+            stop_on_violation=not ns.keep_going,
+            violations_out=found,
+            max_states=int(params["max_states"]) if params["max_states"] != "none" else 0,
+            progress=progress,
+        )
+        complete = not result.truncated
+    else:
+        from model_check.parallel import run_random
+
+        result = run_random(ns.steps, ns.workers, ns.seed, argv)
+        complete = True
+    lines: list[str] = []
+    trace_path: Path | None = None
+    replay_cmd = ""
+    if result.violation is not None:
+        steps, _ = replay(cfg, result.path)
+        lines = render_steps(cfg, steps)
+        trace_path = Path(ns.trace_out or DEFAULT_TRACE)
+        _write_trace(trace_path, argv, result, lines)
+        replay_cmd = f"python -m model_check --replay {trace_path}"
+    if ns.json:
+        doc = {
+            "params": params,
+            "argv": argv,
+            "violation": None
+            if result.violation is None
+            else {"name": result.violation.name, "message": result.violation.message},
+            "counterexample": lines,
+            "also_violated": [
+                {"name": v.name, "moves": len(p), "message": v.message} for v, p in found[1:]
+            ],
+            "trace": str(trace_path) if trace_path else None,
+            "replay": replay_cmd or None,
+            "states": result.states,
+            "unique": result.unique,
+            "depth": result.depth,
+            "sec": round(result.seconds, 3),
+            "complete": complete,
+            "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        }
+        print(json.dumps(doc, sort_keys=True))
+    else:
+        if result.violation is not None:
+            print(f"VIOLATION {result.violation.name}: {result.violation.message}")
+            print(f"counterexample ({len(result.path)} moves):")
+            for line in lines:
+                print(line)
+            if result.violation.name == "livelock":
+                world = steps[-1][1].world if steps else initial_world(cfg)
+                cycle = on_timeless_cycle(world, cfg) or []
+                print("cycle (no tick): " + ", ".join(map(str, cycle)))
+            for other, path in found[1:]:
+                print(f"also violated: {other.name} ({len(path)} moves): {other.message}")
+            print(f"trace: {trace_path}")
+            print(f"replay: {replay_cmd}")
+        elif not complete:
+            print(
+                f"BOUND REACHED: --max-states={params['max_states']} stopped the search before "
+                "it was exhaustive; no violation in the explored part"
+            )
+        if ns.mode == "exhaustive" and not ns.no_symmetry:
+            pass
+        print(summary_line(result, complete=complete))
+    if result.violation is not None:
+        return 1
+    return 0 if complete else 3
 
 
 if __name__ == "__main__":

@@ -1,0 +1,85 @@
+"""Benchmark of the model checker: prints a Markdown table (not a timed test).
+
+For N = 2..8 (exhaustive, with and without symmetry reduction) and N = 64, 256, 1024
+(random mode) it prints distinct states, generated states, states per second, peak
+memory and wall time. Each row runs in a fresh subprocess, which reports its own peak
+memory (ru_maxrss). Runs without symmetry reduction are capped (``--max-states``) and marked
+"bound" when the cap cut them; nothing is extrapolated.
+
+    python benchmarks/bench_model_check.py            # full table (several minutes)
+    python benchmarks/bench_model_check.py --quick    # N = 2..5 and N = 64 only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+UNREDUCED_CAP = 150_000
+"""Unique-state cap for runs without symmetry reduction."""
+ROW_TIMEOUT_S = 900
+"""Wall-clock limit per row."""
+
+
+def run_row(args: list[str]) -> dict[str, object]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "model_check", "--json", "--quiet", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=ROW_TIMEOUT_S,
+        check=False,
+    )
+    wall = time.monotonic() - start
+    if proc.returncode not in (0, 1, 3):
+        raise SystemExit(f"model_check {args} failed ({proc.returncode}): {proc.stderr}")
+    doc: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    doc["wall"] = wall
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    ns = parser.parse_args(argv)
+    exhaustive = range(2, 6) if ns.quick else range(2, 9)
+    randoms = (64,) if ns.quick else (64, 256, 1024)
+    print("| mode | N | symmetry | distinct | generated | states/s | peak MiB | wall s | note |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n in exhaustive:
+        for sym in (True, False):
+            args = [f"--nodes={n}", "--max-states=0" if sym else f"--max-states={UNREDUCED_CAP}"]
+            if not sym:
+                args.append("--no-symmetry")
+            doc = run_row(args)
+            note = "" if doc["complete"] else "bound"
+            if doc["violation"]:
+                note = f"violation {doc['violation']['name']}"  # type: ignore[index]
+            _print(doc, "exhaustive", n, "on" if sym else "off", note)
+    for n in randoms:
+        doc = run_row(["--mode=random", f"--nodes={n}", "--steps=2000", "--seed=1"])
+        _print(doc, "random (2000 steps)", n, "-", "")
+    return 0
+
+
+def _print(doc: dict[str, object], mode: str, n: int, sym: str, note: str) -> None:
+    states = int(doc["states"])  # type: ignore[call-overload]
+    sec = float(doc["sec"])  # type: ignore[arg-type]
+    rate = states / sec if sec > 0 else float("nan")
+    print(
+        f"| {mode} | {n} | {sym} | {doc['unique']} | {states} | {rate:.0f} | "
+        f"{float(doc['peak_mib']):.0f} | {float(doc['wall']):.1f} | {note} |",  # type: ignore[arg-type]
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,735 @@
+"""The simulated world: virtual nodes running spec's node machine against a CAS register.
+
+Theory of operation. A :class:`World` is an immutable value: the store register (the
+encoded bytes and an abstract token), one :class:`Proc` per process (its identity, its
+agent-like workload position, its :class:`spec.Local` machine state, its clock offset and
+what its last ``next_rendezvous`` returned) and the fault budget spent so far. A
+:class:`Move` is data; :func:`apply` performs one move and returns the next world plus
+what was observed on the way (the actions decided, writes, returns, violations).
+
+Every protocol decision comes from :func:`spec.step` with the configured
+:class:`spec.Variant`: this module only serves the machine's I/O requests, drives the
+workload (which operation a node starts next) and checks properties.
+
+Time abstraction (see docs/model_checker.md). One tick = the keep-alive interval. All
+times in a world are *relative to now* (now is always 0 on the monotonic clock; a node's
+wall clock reads ``skew * tick``). Time advances by one tick only when no node can make
+progress without it (every live node waits on a timer or for the store to change); a tick
+shifts every stored time by one interval, caps times that are already past every
+threshold, wakes every waiting node (waking early is allowed by the machine's contract)
+and fires the heartbeat timer of every idle member. Values that only become more expired
+are capped, so the set of worlds is finite and exploration needs no horizon.
+
+Store tokens are abstracted too: the register's token is ``1`` once written (``None``
+while absent) and a node holds ``1`` (current) or ``0`` (stale). A successful write turns
+every current token stale, so equality with the register is exactly preserved.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+
+import spec
+from spec import (
+    EMPTY_STATE,
+    Action,
+    CasResult,
+    CompareAndSet,
+    Config,
+    Done,
+    Fail,
+    IoFailed,
+    Local,
+    NodeId,
+    Now,
+    Op,
+    Phase,
+    Read,
+    ReadResult,
+    RendezvousState,
+    Settings,
+    StartOp,
+    Variant,
+    Wait,
+    WokeUp,
+)
+
+MAX_LOCAL_STEPS = 32
+"""Bound on machine steps one node takes within a single move (fused reads, and ops that
+chain into each other: exit, join, keep-alive, query); exceeding it raises."""
+
+
+class Pc(enum.IntEnum):
+    """Where a process is in its agent-like workload."""
+
+    NEW = 0
+    """Not started yet (a late arrival may start at any time)."""
+    RDZV = 1
+    """Inside next_rendezvous (exit op, then join op)."""
+    MEMBER = 2
+    """Returned from next_rendezvous; idle until its heartbeat timer fires."""
+    KEEP_ALIVE = 3
+    """Running the heartbeat (keep-alive op)."""
+    POLL = 4
+    """Running num_nodes_waiting (query op) after a heartbeat."""
+    CLOSING = 5
+    """Running shutdown (close op)."""
+    ENDED = 6
+    """Finished: see ``outcome``."""
+    CRASHED = 7
+    """Stopped silently."""
+
+
+LIVE_PCS = frozenset({Pc.RDZV, Pc.MEMBER, Pc.KEEP_ALIVE, Pc.POLL})
+"""Processes that keep their heartbeat fresh (and so must never be evicted)."""
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Fault budgets (how many of each fault a run may inject)."""
+
+    crash: int = 0
+    restart_new: int = 0
+    restart_same: int = 0
+    cas_unknown: int = 0
+    store_down: int = 0
+
+    def describe(self) -> str:
+        return (
+            f"crash={self.crash} restart_new={self.restart_new} "
+            f"restart_same={self.restart_same} cas_unknown={self.cas_unknown} "
+            f"store_down={self.store_down}"
+        )
+
+
+FAULT_KINDS = ("crash", "restart_new", "restart_same", "cas_unknown", "store_down")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything that defines the explored system. Durations are in ticks."""
+
+    nodes: int = 3
+    min_nodes: int = 2
+    max_nodes: int = 3
+    variant: Variant = spec.UPSTREAM
+    tick_ms: int = 5000
+    join_ticks: int = 4
+    last_call_ticks: int = 1
+    close_ticks: int = 2
+    heartbeat_ticks: int = 1
+    keep_alive_max_attempt: int = 3
+    max_rounds: int = 2
+    closes: int = 1
+    faults: Faults = field(default_factory=Faults)
+    skew_ticks: int = 0
+    """Wall-clock offset of process 0 (it runs this many ticks ahead of the others)."""
+    cache_ms: int = 1000
+    """The state cache (reuse a read this recent); 1 s like torch, always below a tick."""
+    fuse_reads: bool = True
+    """Macro-steps: serve a read in the same move as the local work that issued it."""
+    late_starts: bool = False
+    """Every process may call next_rendezvous after time advanced (else see ``late``)."""
+    late: int = 0
+    """How many processes (the last slots) may start after time advanced; the others are
+    launched before time first advances."""
+    duplicate_identity: bool = False
+    """Process 1 gets process 0's identity (two live processes, one NodeId)."""
+    cas_ignores_token: bool = False
+    """Planted store bug: compare-and-set writes whatever token it is given."""
+
+    @functools.cached_property
+    def settings(self) -> Settings:
+        t = self.tick_ms
+        return Settings(
+            min_nodes=self.min_nodes,
+            max_nodes=self.max_nodes,
+            join_timeout=self.join_ticks * t,
+            last_call_timeout=self.last_call_ticks * t,
+            close_timeout=self.close_ticks * t,
+            heartbeat_timeout=self.heartbeat_ticks * t,
+            keep_alive_interval=t,
+            keep_alive_max_attempt=self.keep_alive_max_attempt,
+            cache_duration=min(self.cache_ms, t - 1),
+        )
+
+    @functools.cached_property
+    def machine_config(self) -> Config:
+        return Config(self.settings, self.variant)
+
+    def skew_of(self, slot: int) -> int:
+        return self.skew_ticks if slot == 0 else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Returned:
+    """What one next_rendezvous call returned."""
+
+    round: int
+    rank: int
+    world_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Proc:
+    """One process (one handler instance) and its workload position."""
+
+    ident: NodeId
+    pc: Pc
+    local: Local
+    skew: int = 0
+    returned: Returned | None = None
+    outcome: str = ""
+    beating: bool = False
+    """This incarnation has written a state that holds its own heartbeat."""
+    late: bool = False
+    """May start after time advanced (does not hold time back while unstarted)."""
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    store: bytes | None
+    procs: tuple[Proc, ...]
+    used: tuple[int, ...] = (0, 0, 0, 0, 0)
+    """Faults spent, in the order of :data:`FAULT_KINDS`."""
+    closes: int = 0
+    """Shutdown calls made so far."""
+
+    @property
+    def faults_used(self) -> int:
+        return sum(self.used)
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A scheduler choice: ``kind`` applied to process ``slot`` (-1 for tick)."""
+
+    kind: str
+    slot: int = -1
+
+    def __str__(self) -> str:
+        return self.kind if self.slot < 0 else f"{self.kind}({self.slot})"
+
+
+@dataclass(frozen=True)
+class Violation:
+    name: str
+    message: str
+
+
+@dataclass
+class Outcome:
+    """What happened during one move (for traces and checks)."""
+
+    world: World
+    notes: list[str] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
+
+
+# -- decoding / encoding caches ------------------------------------------------------------
+_DECODED: dict[bytes, RendezvousState] = {}
+_ENCODED: dict[RendezvousState, bytes] = {}
+CACHE_LIMIT = 200_000
+"""Entries kept in each codec cache before it is cleared (bounds memory)."""
+
+
+def decode_cached(data: bytes) -> RendezvousState:
+    state = _DECODED.get(data)
+    if state is None:
+        if len(_DECODED) >= CACHE_LIMIT:
+            _DECODED.clear()
+        state = spec.decode(data)
+        _DECODED[data] = state
+    return state
+
+
+def encode_cached(state: RendezvousState) -> bytes:
+    data = _ENCODED.get(state)
+    if data is None:
+        if len(_ENCODED) >= CACHE_LIMIT:
+            _ENCODED.clear()
+        data = spec.encode(state)
+        _ENCODED[state] = data
+    return data
+
+
+def store_state(world: World) -> RendezvousState:
+    return EMPTY_STATE if world.store is None else decode_cached(world.store)
+
+
+# -- initial world ---------------------------------------------------------------------------
+def node_id(index: int) -> NodeId:
+    return NodeId("n", index, 0)
+
+
+def initial_world(cfg: ModelConfig) -> World:
+    procs = []
+    for slot in range(cfg.nodes):
+        ident = node_id(0 if (cfg.duplicate_identity and slot == 1) else slot)
+        late = cfg.late_starts or slot >= cfg.nodes - cfg.late
+        procs.append(Proc(ident, Pc.NEW, Local(ident), cfg.skew_of(slot), late=late))
+    return World(None, tuple(procs))
+
+
+# -- enabled moves ---------------------------------------------------------------------------
+def _store_token(world: World) -> int | None:
+    return None if world.store is None else 1
+
+
+def _can_progress(world: World, p: Proc) -> bool:
+    if p.pc in (Pc.NEW, Pc.MEMBER, Pc.ENDED, Pc.CRASHED):
+        return False
+    phase = p.local.phase
+    if phase in (Phase.READING, Phase.WRITING):
+        return True
+    return phase is Phase.WAITING and p.local.token != _store_token(world)
+
+
+def enabled(world: World, cfg: ModelConfig) -> list[Move]:
+    """Every move the scheduler may choose, in a fixed order."""
+    moves: list[Move] = []
+    blocked = True
+    used = dict(zip(FAULT_KINDS, world.used, strict=True))
+    budget = cfg.faults
+    for slot, p in enumerate(world.procs):
+        if _can_progress(world, p):
+            blocked = False
+            moves.append(Move("wake" if p.local.phase is Phase.WAITING else "io", slot))
+            if p.local.phase is Phase.WRITING and used["cas_unknown"] < budget.cas_unknown:
+                moves.append(Move("cas_unknown_applied", slot))
+                moves.append(Move("cas_unknown_lost", slot))
+            if p.local.phase is not Phase.WAITING and used["store_down"] < budget.store_down:
+                moves.append(Move("store_down", slot))
+        if p.pc is Pc.NEW:
+            moves.append(Move("start", slot))
+        if p.pc is Pc.MEMBER and world.closes < cfg.closes:
+            moves.append(Move("shutdown", slot))
+        if p.pc not in (Pc.CRASHED, Pc.ENDED, Pc.NEW) and used["crash"] < budget.crash:
+            moves.append(Move("crash", slot))
+        if p.pc is Pc.CRASHED:
+            if used["restart_new"] < budget.restart_new:
+                moves.append(Move("restart_new", slot))
+            if used["restart_same"] < budget.restart_same:
+                moves.append(Move("restart_same", slot))
+    if any(p.pc is Pc.NEW and not p.late for p in world.procs):
+        blocked = False  # these agents are launched before time first advances
+    if blocked and _time_matters(world):
+        moves.append(Move("tick"))
+    return moves
+
+
+def _time_matters(world: World) -> bool:
+    """A tick is pointless once every process has ended or crashed."""
+    return any(p.pc not in (Pc.ENDED, Pc.CRASHED) for p in world.procs)
+
+
+# -- applying moves ----------------------------------------------------------------------------
+class _Run:
+    """Mutable scratch for one move: the procs being rewritten and the observations."""
+
+    def __init__(self, world: World, cfg: ModelConfig) -> None:
+        self.cfg = cfg
+        self.mcfg = cfg.machine_config
+        self.store = world.store
+        self.procs = list(world.procs)
+        self.used = list(world.used)
+        self.closes = world.closes
+        self.faults_before = world.faults_used
+        self.fuse_reads = cfg.fuse_reads
+        self.notes: list[str] = []
+        self.violations: list[Violation] = []
+
+    def world(self) -> World:
+        return World(self.store, tuple(self.procs), tuple(self.used), self.closes)
+
+    def now(self, p: Proc) -> Now:
+        return Now(0, p.skew * self.cfg.tick_ms)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def violate(self, name: str, message: str) -> None:
+        self.violations.append(Violation(name, message))
+
+    # -- store ------------------------------------------------------------------------
+    def serve_io(self, slot: int) -> None:
+        p = self.procs[slot]
+        local = p.local
+        now = self.now(p)
+        if local.phase is Phase.READING:
+            token = None if self.store is None else 1
+            self.feed(slot, ReadResult(self.store, token, now))
+            return
+        assert local.phase is Phase.WRITING
+        request = CompareAndSet(self.mcfg.key, encode_cached(local.view), local.token)
+        current = None if self.store is None else 1
+        ok = request.token == current or self.cfg.cas_ignores_token
+        if ok:
+            self.write(slot, request.data)
+        token = None if self.store is None else 1
+        self.feed(slot, CasResult(self.store, token, ok, now))
+
+    def write(self, slot: int, data: bytes) -> None:
+        before = EMPTY_STATE if self.store is None else decode_cached(self.store)
+        after = decode_cached(data)
+        for name, message in spec.check_step(before, after, self.cfg.settings):
+            self.violate(name, message)
+        if after.complete and not after.closed and after.num_participants == 0:
+            self.violate(
+                "complete_round_not_empty",
+                f"round {after.round} is complete with no participants: no node can finish, "
+                "join or advance it (the round epilogue did not run)",
+            )
+        self.store = data
+        if after.heartbeat_of(self.procs[slot].ident) is not None and not self.procs[slot].beating:
+            self.procs[slot] = replace(self.procs[slot], beating=True)
+        # Every token other processes hold is now stale (the writer gets its CasResult).
+        for i, q in enumerate(self.procs):
+            if i != slot and q.local.token != 0:
+                self.procs[i] = replace(q, local=replace(q.local, token=0))
+        self.note(f"store <- {_describe(after)}")
+
+    # -- the machine --------------------------------------------------------------------
+    def feed(self, slot: int, event: spec.Event) -> None:
+        """Feed one event, then keep the node going until it needs the store or a timer."""
+        for _ in range(MAX_LOCAL_STEPS):
+            p = self.procs[slot]
+            op = event.op if isinstance(event, StartOp) else p.local.op
+            result = spec.step(p.local, event, self.mcfg)
+            local = result.local
+            p = replace(p, local=local)
+            self.procs[slot] = p
+            if result.pruned:
+                self.on_pruned(slot, result.pruned)
+            if result.action is not None:
+                self.note(
+                    f"{p.ident}: {op.value if op else '?'} row {result.row} -> "
+                    f"{result.action.value}"
+                )
+                self.on_action(slot, result.action, op)
+            request = result.request
+            if isinstance(request, Read) and self.fuse_reads:
+                # Macro-step: a read is fused with the local work that issued it.
+                event = ReadResult(self.store, None if self.store is None else 1, self.now(p))
+                continue
+            if isinstance(request, Read | CompareAndSet | Wait):
+                return
+            nxt = self.after_op(slot, request)
+            if nxt is None:
+                return
+            event = nxt
+        raise RuntimeError(f"process {slot} took more than {MAX_LOCAL_STEPS} steps in one move")
+
+    def after_op(self, slot: int, request: Done | Fail) -> StartOp | None:
+        """The workload: what the process does once an operation ends."""
+        p = self.procs[slot]
+        now = self.now(p)
+        t = self.cfg.tick_ms
+        failed = isinstance(request, Fail)
+        kind = request.kind.value if isinstance(request, Fail) else ""
+        if failed:
+            self.note(f"{p.ident}: {request.op.value} failed: {kind}")
+        if p.pc is Pc.RDZV:
+            if failed:
+                self.set(slot, pc=Pc.ENDED, outcome=f"next_rendezvous raised {kind}")
+                return None
+            if request.op is Op.EXIT:
+                # The join op shares next_rendezvous's deadline, kept in local.deadline.
+                return StartOp(Op.JOIN, p.local.deadline, now)
+            self.on_return(slot)
+            self.set(slot, pc=Pc.MEMBER)
+            return None
+        if p.pc is Pc.KEEP_ALIVE:
+            # A failed heartbeat is logged and ignored by the agent; it still polls.
+            self.set(slot, pc=Pc.POLL)
+            return StartOp(Op.QUERY, now.mono + self.cfg.heartbeat_ticks * t, now)
+        if p.pc is Pc.POLL:
+            if failed:
+                self.set(slot, pc=Pc.MEMBER)
+                return None
+            view = p.local.view
+            self.on_poll(slot)
+            if view.closed:
+                self.set(slot, pc=Pc.ENDED, outcome="saw the rendezvous closed")
+                return None
+            if view.wait_list and view.round + 1 < self.cfg.max_rounds:
+                self.note(f"{p.ident}: num_nodes_waiting={len(view.wait_list)}: re-rendezvous")
+                self.set(slot, pc=Pc.RDZV)
+                return StartOp(Op.EXIT, now.mono + self.cfg.join_ticks * t, now)
+            self.set(slot, pc=Pc.MEMBER)
+            return None
+        if p.pc is Pc.CLOSING:
+            outcome = "shutdown raised " + kind if failed else "shut down"
+            self.set(slot, pc=Pc.ENDED, outcome=outcome)
+            return None
+        raise AssertionError(f"op ended in workload position {p.pc.name}")
+
+    def set(self, slot: int, **changes: object) -> None:
+        self.procs[slot] = replace(self.procs[slot], **changes)  # type: ignore[arg-type]
+
+    # -- checks ---------------------------------------------------------------------------
+    def on_pruned(self, slot: int, pruned: tuple[NodeId, ...]) -> None:
+        p = self.procs[slot]
+        self.note(f"{p.ident}: pruned {', '.join(map(str, pruned))} as dead")
+        for other in self.procs:
+            if other.ident in pruned and other.pc in LIVE_PCS and other.beating:
+                self.violate(
+                    "live_node_evicted",
+                    f"{p.ident} pruned {other.ident} as dead, but it is alive "
+                    f"({other.pc.name.lower()}) and keeping its heartbeat",
+                )
+                return
+
+    def on_action(self, slot: int, action: Action, op: Op | None) -> None:
+        """Weakness 3 (bounded liveness): a node that joined while the last call was
+        already running times out before that last call ends, with a quorum present."""
+        p = self.procs[slot]
+        if action is not Action.REMOVE_FROM_PARTICIPANTS or op is not Op.JOIN:
+            return
+        if self.faults_before:
+            return
+        # The decision followed a read or CAS in this very move: the store is its basis.
+        stored = store_state(self.world())
+        t = self.cfg.tick_ms
+        wall = p.skew * t
+        if (
+            not stored.complete
+            and stored.deadline is not None
+            and stored.deadline >= wall
+            and stored.num_participants >= self.cfg.min_nodes
+            and stored.is_participant(p.ident)
+            and p.local.deadline - self.cfg.join_ticks * t
+            >= stored.deadline - self.cfg.last_call_ticks * t
+        ):
+            self.violate(
+                "quorum_never_completes",
+                f"{p.ident} joined round {stored.round} during its last call and hit its "
+                f"join deadline before the last call ended, with "
+                f"{stored.num_participants} >= min_nodes ({self.cfg.min_nodes}) "
+                "participants and no faults: the round cannot complete",
+            )
+
+    def on_return(self, slot: int) -> None:
+        p = self.procs[slot]
+        view = p.local.view
+        rank = view.rank_of(p.ident)
+        w = view.num_participants
+        rnd = view.round
+        self.note(f"{p.ident}: next_rendezvous returned round={rnd} rank={rank} world_size={w}")
+        if rank is None or not view.complete:
+            self.violate(
+                "return_is_member",
+                f"{p.ident} returned for round {rnd} without being a member of a complete round",
+            )
+            return
+        got = Returned(rnd, rank, w)
+        self.procs[slot] = replace(p, returned=got)
+        settings = self.cfg.settings
+        if not settings.min_nodes <= w <= settings.max_nodes:
+            self.violate(
+                "world_size_in_range",
+                f"{p.ident} returned world_size={w} outside "
+                f"[{settings.min_nodes}, {settings.max_nodes}]",
+            )
+        if not 0 <= rank < w:
+            self.violate("rank_in_range", f"{p.ident} returned rank {rank} not in 0..{w - 1}")
+        stored = store_state(self.world())
+        if stored.round == rnd and stored.complete and not stored.is_participant(p.ident):
+            self.violate(
+                "return_is_member",
+                f"{p.ident} returned for round {rnd} but the store does not list it",
+            )
+        for i, q in enumerate(self.procs):
+            if i == slot or q.returned is None or q.returned.round != rnd:
+                continue
+            if q.returned.world_size != w:
+                self.violate(
+                    "world_size_agreement",
+                    f"round {rnd}: {p.ident} got world_size={w} but {q.ident} got "
+                    f"{q.returned.world_size}",
+                )
+            if q.returned.rank == rank:
+                self.violate(
+                    "ranks_distinct",
+                    f"round {rnd}: {p.ident} and {q.ident} (process {i}) both got rank {rank}",
+                )
+
+    def on_poll(self, slot: int) -> None:
+        p = self.procs[slot]
+        view = p.local.view
+        mine = p.returned
+        if mine is None or view.round != mine.round or not view.complete or view.wait_list:
+            return
+        for q in self.procs:
+            if (
+                q.pc is Pc.CRASHED
+                and q.returned is not None
+                and q.returned.round == mine.round
+                and not view.is_participant(q.ident)
+                and not any(r.ident == q.ident and r.pc is not Pc.CRASHED for r in self.procs)
+            ):
+                self.violate(
+                    "dead_member_unreported",
+                    f"member {q.ident} of round {mine.round} crashed and was dropped, yet "
+                    f"{p.ident} polls num_nodes_waiting=0: the survivors keep a "
+                    f"{view.num_participants}-node round of world_size {mine.world_size} "
+                    "and nothing tells them",
+                )
+                return
+
+
+def _describe(state: RendezvousState) -> str:
+    return state.describe()
+
+
+# -- time -----------------------------------------------------------------------------------
+def _shift_state(state: RendezvousState, cfg: ModelConfig, lo_wall: int) -> RendezvousState:
+    t = cfg.tick_ms
+    floor_beat = lo_wall - cfg.settings.heartbeat_expiry - t
+    beats = tuple((n, max(b - t, floor_beat)) for n, b in state.last_heartbeats)
+    deadline = state.deadline
+    if deadline is not None:
+        deadline = max(deadline - t, lo_wall - t)
+    if beats == state.last_heartbeats and deadline == state.deadline:
+        return state
+    return RendezvousState(
+        round=state.round,
+        complete=state.complete,
+        closed=state.closed,
+        deadline=deadline,
+        participants=state.participants,
+        wait_list=state.wait_list,
+        redundancy_list=state.redundancy_list,
+        last_heartbeats=beats,
+    )
+
+
+def _tick(run: _Run) -> None:
+    cfg = run.cfg
+    t = cfg.tick_ms
+    lo_wall = min(0, cfg.skew_ticks) * t
+    rollback = cfg.variant.rollback_window
+    cache: dict[RendezvousState, RendezvousState] = {}
+
+    def shift(state: RendezvousState) -> RendezvousState:
+        got = cache.get(state)
+        if got is None:
+            got = _shift_state(state, cfg, lo_wall)
+            cache[state] = got
+        return got
+
+    if run.store is not None:
+        run.store = encode_cached(shift(decode_cached(run.store)))
+    for slot, p in enumerate(run.procs):
+        local = p.local
+        deadline = max(local.deadline - t, -rollback - t)
+        run.procs[slot] = replace(
+            p, local=replace(local, view=shift(local.view), deadline=deadline)
+        )
+    for slot, p in enumerate(run.procs):
+        now = run.now(p)
+        if p.pc in (Pc.NEW, Pc.ENDED, Pc.CRASHED):
+            continue
+        if p.local.phase is Phase.WAITING:
+            run.feed(slot, WokeUp(now))
+        elif p.pc is Pc.MEMBER:
+            run.set(slot, pc=Pc.KEEP_ALIVE)
+            run.feed(slot, StartOp(Op.KEEP_ALIVE, cfg.heartbeat_ticks * t, now))
+
+
+# -- the move function -------------------------------------------------------------------
+def apply(world: World, move: Move, cfg: ModelConfig) -> Outcome:
+    """Perform ``move`` (which must be enabled) and return the next world."""
+    run = _Run(world, cfg)
+    kind, slot = move.kind, move.slot
+    t = cfg.tick_ms
+    if kind == "tick":
+        run.note(f"time advances by one tick ({t} ms)")
+        _tick(run)
+    elif kind in ("io", "wake"):
+        p = run.procs[slot]
+        if kind == "wake":
+            run.feed(slot, WokeUp(run.now(p)))
+        else:
+            run.serve_io(slot)
+    elif kind == "start":
+        p = run.procs[slot]
+        run.set(slot, pc=Pc.RDZV)
+        run.note(f"{p.ident}: calls next_rendezvous")
+        run.feed(slot, StartOp(Op.EXIT, cfg.join_ticks * t, run.now(p)))
+    elif kind == "shutdown":
+        p = run.procs[slot]
+        run.closes += 1
+        run.set(slot, pc=Pc.CLOSING)
+        run.note(f"{p.ident}: calls shutdown")
+        run.feed(slot, StartOp(Op.CLOSE, cfg.close_ticks * t, run.now(p)))
+    elif kind == "crash":
+        run.used[0] += 1
+        run.set(slot, pc=Pc.CRASHED, outcome="crashed")
+        run.note(f"{run.procs[slot].ident}: crashes")
+    elif kind in ("restart_new", "restart_same"):
+        old = run.procs[slot]
+        if kind == "restart_new":
+            run.used[1] += 1
+            ident = node_id(1 + max(_all_pids(run.world())))
+        else:
+            run.used[2] += 1
+            ident = old.ident
+        run.procs[slot] = Proc(ident, Pc.NEW, Local(ident), old.skew, late=True)
+        run.note(f"process {slot} restarts as {ident}")
+    elif kind in ("cas_unknown_applied", "cas_unknown_lost"):
+        run.used[3] += 1
+        p = run.procs[slot]
+        if kind == "cas_unknown_applied":
+            current = None if run.store is None else 1
+            if p.local.token == current or cfg.cas_ignores_token:
+                run.write(slot, encode_cached(p.local.view))
+        run.note(f"{p.ident}: compare-and-set outcome unknown ({kind.rsplit('_', 1)[1]})")
+        run.feed(slot, IoFailed("compare-and-set outcome unknown", run.now(p)))
+    elif kind == "store_down":
+        run.used[4] += 1
+        p = run.procs[slot]
+        run.note(f"{p.ident}: the store is unreachable")
+        run.feed(slot, IoFailed("store unreachable", run.now(p)))
+    else:
+        raise ValueError(f"unknown move kind {kind!r}")
+    return Outcome(run.world(), run.notes, run.violations)
+
+
+def _all_pids(world: World) -> Iterator[int]:
+    yield -1
+    for p in world.procs:
+        yield p.ident.pid
+        yield from _state_pids(p.local.view)
+    if world.store is not None:
+        yield from _state_pids(decode_cached(world.store))
+
+
+def _state_pids(state: RendezvousState) -> Iterator[int]:
+    for n, _ in state.last_heartbeats:
+        yield n.pid
+    for n, _ in state.participants:
+        yield n.pid
+
+
+def successors(world: World, cfg: ModelConfig) -> Iterator[tuple[Move, Outcome]]:
+    for move in enabled(world, cfg):
+        yield move, apply(world, move, cfg)
+
+
+def describe_proc(p: Proc) -> str:
+    local = p.local
+    parts = [f"{p.ident} {p.pc.name.lower()}"]
+    if local.op is not None:
+        parts.append(f"op={local.op.value}/{local.phase.value}")
+    if p.skew:
+        parts.append(f"skew=+{p.skew}t")
+    if p.returned is not None:
+        r = p.returned
+        parts.append(f"returned(round={r.round} rank={r.rank} W={r.world_size})")
+    if p.outcome:
+        parts.append(f"[{p.outcome}]")
+    return " ".join(parts)

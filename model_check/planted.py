@@ -1,0 +1,118 @@
+"""Deliberately broken protocol variants: the checker must catch each of them.
+
+Each is a :meth:`spec.Variant.derive` diff of ``upstream``; none is a protocol anyone
+should run. The CLI accepts them as ``--protocol planted-...`` so a counterexample can be
+replayed from the command line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from spec import UPSTREAM, Action, Atom, NodeId, Op, RendezvousState, Settings, Variant, row
+from spec.state import Millis
+
+
+def _completion_row_index() -> int:
+    for index, r in enumerate(UPSTREAM.table(Op.JOIN).rows):
+        if r.then is Action.MARK_RENDEZVOUS_COMPLETE:
+            return index
+    raise LookupError("upstream's join table has no completion row")
+
+
+def mark_complete_reversed(
+    state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
+) -> RendezvousState:
+    """Planted bug: ranks assigned in reverse sorted order."""
+    members = state.participant_nodes()
+    ranks = {m: len(members) - 1 - i for i, m in enumerate(members)}
+    return state.evolve(complete=True, deadline=None, participants=ranks)
+
+
+def remove_from_participants_no_epilogue(
+    state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
+) -> RendezvousState:
+    """Planted bug: leaving never runs the round epilogue (the round never advances)."""
+    members = state.participant_map()
+    members.pop(node, None)
+    beats = state.heartbeat_map()
+    beats.pop(node, None)
+    return state.evolve(participants=members, last_heartbeats=beats)
+
+
+_COMPLETION = _completion_row_index()
+
+IGNORES_MIN = UPSTREAM.derive(
+    "planted-ignores-min",
+    description=(
+        "completion row without SIZE_IN_RANGE and LAST_CALL_OVER: a participant completes "
+        "the round as soon as it sees it, below min_nodes"
+    ),
+    rows={
+        (Op.JOIN, _COMPLETION): row(
+            ~Atom.COMPLETE,
+            Atom.PARTICIPANT,
+            then=Action.MARK_RENDEZVOUS_COMPLETE,
+            why="planted: completes without checking the size or the last call",
+        ),
+    },
+)
+
+NO_SIZE_GUARD = UPSTREAM.derive(
+    "planted-no-size-guard",
+    description=(
+        "completion row without SIZE_IN_RANGE only (the last call still gates it); the "
+        "checker finds no violation because the last-call deadline exists only while "
+        "min_nodes <= participants, so this guard is redundant in upstream"
+    ),
+    rows={
+        (Op.JOIN, _COMPLETION): row(
+            ~Atom.COMPLETE,
+            Atom.PARTICIPANT,
+            Atom.LAST_CALL_OVER,
+            then=Action.MARK_RENDEZVOUS_COMPLETE,
+            why="planted: completes after the last call without checking the size",
+        ),
+    },
+)
+
+REVERSED_RANKS = UPSTREAM.derive(
+    "planted-reversed-ranks",
+    description="completion assigns ranks in reverse sorted order",
+    effects={Action.MARK_RENDEZVOUS_COMPLETE: mark_complete_reversed},
+)
+
+NO_EPILOGUE = UPSTREAM.derive(
+    "planted-no-epilogue",
+    description=(
+        "leaving a round never runs the epilogue: the last leaver does not open the next round"
+    ),
+    effects={Action.REMOVE_FROM_PARTICIPANTS: remove_from_participants_no_epilogue},
+)
+
+
+def _sync_row_index() -> int:
+    rows = UPSTREAM.table(Op.JOIN).rows
+    return len(rows) - 1
+
+
+BUSY_KEEP_ALIVE = UPSTREAM.derive(
+    "planted-busy-keep-alive",
+    description=(
+        "a participant of an open round refreshes its heartbeat instead of waiting: it "
+        "writes the same state again and again without time passing (a livelock)"
+    ),
+    insert={
+        (Op.JOIN, _sync_row_index()): row(
+            ~Atom.COMPLETE,
+            Atom.PARTICIPANT,
+            then=Action.KEEP_ALIVE,
+            why="planted: never waits",
+        ),
+    },
+)
+
+PLANTED: Mapping[str, Variant] = MappingProxyType(
+    {v.name: v for v in (IGNORES_MIN, NO_SIZE_GUARD, REVERSED_RANKS, NO_EPILOGUE, BUSY_KEEP_ALIVE)}
+)

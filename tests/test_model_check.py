@@ -1,0 +1,399 @@
+"""The model checker: golden counts, planted bugs, determinism, replay, symmetry.
+
+Every exploration here is small (a few thousand states at most) so the file runs in well
+under a minute on one core.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import spec
+from model_check.__main__ import main
+from model_check.canon import Canon
+from model_check.explore import explore, on_timeless_cycle, replay
+from model_check.model import Faults, ModelConfig, Move, Violation, World, apply, enabled
+from model_check.model import initial_world as make_initial
+from model_check.planted import PLANTED
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cli(args: list[str], hashseed: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONHASHSEED=hashseed, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "model_check", "--quiet", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+        check=False,
+    )
+
+
+def strip(text: str) -> str:
+    return re.sub(r"sec=\S+", "sec=X", text)
+
+
+def _summary(stdout: str) -> dict[str, str]:
+    last = stdout.strip().splitlines()[-1]
+    return dict(part.split("=", 1) for part in last.split())
+
+
+# -- golden numbers, independent of the hash seed ------------------------------------------
+GOLDEN = [
+    (["--nodes", "2"], 43, 31, 12),
+    (["--nodes", "3", "--min-nodes", "2", "--max-nodes", "3"], 138, 78, 19),
+    (["--nodes", "3", "--min-nodes", "2", "--max-nodes", "3", "--late-starts"], 3679, 1901, 39),
+]
+
+
+@pytest.mark.parametrize(("args", "states", "unique", "depth"), GOLDEN)
+def test_golden_counts_are_independent_of_the_hash_seed(
+    args: list[str], states: int, unique: int, depth: int, tmp_path: Path
+) -> None:
+    outputs = []
+    for seed in ("0", "12345"):
+        proc = _cli(args, seed, tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        got = _summary(proc.stdout)
+        assert (int(got["states"]), int(got["unique"]), int(got["depth"])) == (
+            states,
+            unique,
+            depth,
+        )
+        outputs.append(re.sub(r"sec=\S+", "sec=X", proc.stdout))
+    assert outputs[0] == outputs[1]
+
+
+def test_same_seed_prints_identical_output_including_counterexamples(tmp_path: Path) -> None:
+    args = ["--nodes", "2", "--min-nodes", "2", "--max-nodes", "2", "--crash", "1"]
+    runs = []
+    for hashseed in ("1", "2"):
+        proc = _cli([*args, "--trace-out", "t.json"], hashseed, tmp_path)
+        assert proc.returncode == 1
+        runs.append(re.sub(r"sec=\S+", "sec=X", proc.stdout))
+    assert runs[0] == runs[1]
+    assert "VIOLATION dead_member_unreported" in runs[0]
+
+
+def test_random_mode_same_seed_same_output(tmp_path: Path) -> None:
+    args = ["--mode", "random", "--nodes", "16", "--steps", "400", "--seed", "7"]
+    a = _cli(args, "3", tmp_path)
+    b = _cli(args, "4", tmp_path)
+    assert a.returncode == b.returncode == 0, a.stdout + a.stderr
+    assert strip(a.stdout) == strip(b.stdout)
+    other = _cli([*args[:-1], "8"], "3", tmp_path)
+    assert other.returncode == 0
+    assert "seed=8" in other.stdout.splitlines()[0]
+
+
+# -- the four known weaknesses of upstream --------------------------------------------------
+WEAKNESSES = [
+    (["--nodes", "2", "--min-nodes", "2", "--max-nodes", "2", "--skew", "4"], "live_node_evicted"),
+    (
+        ["--nodes", "2", "--min-nodes", "2", "--max-nodes", "2", "--crash", "1"],
+        "dead_member_unreported",
+    ),
+    (
+        [
+            "--nodes",
+            "2",
+            "--min-nodes",
+            "2",
+            "--max-nodes",
+            "3",
+            "--join-timeout",
+            "1",
+            "--last-call",
+            "2",
+        ],
+        "quorum_never_completes",
+    ),
+    (
+        ["--nodes", "3", "--min-nodes", "2", "--max-nodes", "2", "--duplicate-identity"],
+        "ranks_distinct",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "name"), WEAKNESSES)
+def test_upstream_weakness_is_found_and_replays(
+    args: list[str], name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "cex.json"
+    assert main([*args, "--quiet", "--trace-out", str(trace)]) == 1
+    out = capsys.readouterr().out
+    assert f"VIOLATION {name}:" in out
+    assert f"replay: python -m model_check --replay {trace}" in out
+    assert re.search(r"^\s+1\. ", out, re.M)
+    doc = json.loads(trace.read_text())
+    assert doc["violation"]["name"] == name
+    assert main(["--replay", str(trace)]) == 1
+    replayed = capsys.readouterr().out
+    assert f"reproduced {name}" in replayed
+
+
+def test_weakness_needs_its_fault_or_timing(capsys: pytest.CaptureFixture[str]) -> None:
+    # The same configurations without the fault / timing flag hold.
+    assert main(["--nodes", "2", "--min-nodes", "2", "--max-nodes", "2", "--quiet"]) == 0
+    assert main(["--nodes", "3", "--min-nodes", "2", "--max-nodes", "2", "--quiet"]) == 0
+    assert "result=complete" in capsys.readouterr().out
+
+
+# -- planted bugs ----------------------------------------------------------------------------
+def _cfg(**kw: object) -> ModelConfig:
+    return ModelConfig(**kw)  # type: ignore[arg-type]
+
+
+PLANTED_CASES = [
+    (
+        _cfg(nodes=3, min_nodes=2, max_nodes=3, variant=PLANTED["planted-ignores-min"]),
+        {"completion_assigns_ranks"},
+    ),
+    (
+        _cfg(nodes=2, min_nodes=2, max_nodes=3, variant=PLANTED["planted-reversed-ranks"]),
+        {"complete_ranks_distinct", "completion_assigns_ranks"},
+    ),
+    (
+        _cfg(
+            nodes=3,
+            min_nodes=2,
+            max_nodes=3,
+            late_starts=True,
+            variant=PLANTED["planted-no-epilogue"],
+        ),
+        {"complete_round_not_empty"},
+    ),
+    (
+        _cfg(nodes=2, min_nodes=2, max_nodes=3, variant=PLANTED["planted-busy-keep-alive"]),
+        {"livelock"},
+    ),
+    (
+        _cfg(nodes=2, min_nodes=1, max_nodes=2, cas_ignores_token=True),
+        {"closed_is_absorbing", "ranks_distinct", "world_size_agreement", "return_is_member"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("cfg", "names"), PLANTED_CASES)
+def test_planted_bug_is_caught_with_a_replayable_counterexample(
+    cfg: ModelConfig, names: set[str]
+) -> None:
+    result = explore(cfg)
+    assert result.violation is not None
+    assert result.violation.name in names
+    steps, world = replay(cfg, result.path)
+    if result.violation.name == "livelock":
+        cycle = on_timeless_cycle(world, cfg)
+        assert cycle and all(m.kind != "tick" for m in cycle)
+    else:
+        assert result.violation.name in {v.name for v in steps[-1][1].violations}
+
+
+def test_the_correct_protocol_holds_in_the_planted_configurations() -> None:
+    for cfg, _ in PLANTED_CASES:
+        fixed = ModelConfig(
+            nodes=cfg.nodes,
+            min_nodes=cfg.min_nodes,
+            max_nodes=cfg.max_nodes,
+            late_starts=cfg.late_starts,
+        )
+        assert explore(fixed).violation is None
+
+
+def test_planted_variants_are_derived_from_upstream() -> None:
+    for variant in PLANTED.values():
+        assert variant.parent == spec.UPSTREAM.name
+        assert variant.changes
+
+
+# -- symmetry ----------------------------------------------------------------------------------
+SYMMETRY_CASES = [
+    _cfg(nodes=2, min_nodes=1, max_nodes=2),
+    _cfg(nodes=3, min_nodes=2, max_nodes=3, late_starts=True),
+    _cfg(nodes=3, min_nodes=2, max_nodes=2, faults=Faults(crash=1)),
+    _cfg(nodes=4, min_nodes=3, max_nodes=4),
+    _cfg(nodes=3, min_nodes=2, max_nodes=2, skew_ticks=4),
+]
+
+
+@pytest.mark.parametrize("cfg", SYMMETRY_CASES)
+def test_reduced_and_unreduced_search_agree(cfg: ModelConfig) -> None:
+    canon = Canon(cfg)
+    full_classes: set[bytes] = set()
+
+    def collect(world: World) -> None:
+        full_classes.add(canon.fingerprint(world))
+
+    v_full: list[tuple[Violation, list[Move]]] = []
+    v_red: list[tuple[Violation, list[Move]]] = []
+    full = explore(
+        cfg, symmetry=False, visit=collect, stop_on_violation=False, violations_out=v_full
+    )
+    reduced = explore(
+        cfg, symmetry=True, keep_fingerprints=True, stop_on_violation=False, violations_out=v_red
+    )
+    assert reduced.fingerprints == full_classes
+    assert {v.name for v, _ in v_full} == {v.name for v, _ in v_red}
+    assert reduced.unique <= full.unique
+    assert canon.fallbacks == 0
+
+
+def test_symmetry_reduces_for_more_nodes() -> None:
+    cfg = _cfg(nodes=4, min_nodes=3, max_nodes=4)
+    assert explore(cfg).unique < explore(cfg, symmetry=False).unique
+
+
+# -- random schedules ----------------------------------------------------------------------
+@settings(max_examples=40, deadline=None)
+@given(
+    choices=st.lists(st.integers(min_value=0, max_value=10_000), min_size=1, max_size=120),
+    nodes=st.integers(min_value=2, max_value=5),
+    crash=st.integers(min_value=0, max_value=1),
+)
+def test_random_schedules_keep_every_invariant(choices: list[int], nodes: int, crash: int) -> None:
+    """Random interleavings (fault-free or with a crash and restarts, no clock skew) of
+    upstream never violate a spec invariant on any stored state or write."""
+    cfg = ModelConfig(
+        nodes=nodes,
+        min_nodes=max(1, nodes - 1),
+        max_nodes=nodes,
+        late_starts=True,
+        faults=Faults(crash=crash, restart_new=crash, store_down=1, cas_unknown=1),
+    )
+    world = make_initial(cfg)
+    for choice in choices:
+        moves = enabled(world, cfg)
+        if not moves:
+            break
+        out = apply(world, moves[choice % len(moves)], cfg)
+        spec_names = {inv.name for inv in spec.STATE_INVARIANTS} | {
+            inv.name for inv in spec.STEP_INVARIANTS
+        }
+        assert not [v for v in out.violations if v.name in spec_names], out.violations
+        world = out.world
+        if world.store is not None:
+            assert spec.check_state(spec.decode(world.store), cfg.settings) == []
+
+
+# -- the command line ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--nodes", "0"],
+        ["--nodes", "2000", "--mode", "random"],
+        ["--protocol", "nope"],
+        ["--min-nodes", "3", "--max-nodes", "2", "--nodes", "3"],
+        ["--crash", "-1"],
+        ["--bogus"],
+        ["--workers", "2"],
+    ],
+)
+def test_bad_usage_is_one_line_and_exit_2(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("model_check: error:")
+
+
+def test_output_format(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--nodes", "2", "--quiet"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("model_check protocol=upstream nodes=2 min_nodes=1 max_nodes=2")
+    for knob in ("seed=", "tick=", "join=", "faults=", "max_rounds=", "symmetry=on"):
+        assert knob in lines[0]
+    assert re.fullmatch(r"states=\d+ unique=\d+ depth=\d+ sec=[\d.]+ result=complete", lines[-1])
+
+
+def test_bound_is_reported_not_silent(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "--nodes",
+            "3",
+            "--min-nodes",
+            "2",
+            "--max-nodes",
+            "3",
+            "--late-starts",
+            "--max-states",
+            "50",
+            "--quiet",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 3
+    assert "BOUND REACHED" in out and "result=bound-reached" in out
+
+
+def test_json_output(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    trace = tmp_path / "t.json"
+    code = main(
+        [
+            "--nodes",
+            "2",
+            "--min-nodes",
+            "2",
+            "--max-nodes",
+            "2",
+            "--skew",
+            "4",
+            "--json",
+            "--trace-out",
+            str(trace),
+        ]
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert doc["violation"]["name"] == "live_node_evicted"
+    assert doc["replay"] == f"python -m model_check --replay {trace}"
+    assert main(["--mode", "random", "--nodes", "8", "--steps", "50", "--json", "--quiet"]) == 0
+    walk = json.loads(capsys.readouterr().out)
+    assert walk["violation"] is None and walk["states"] == 50
+
+
+def test_replay_rejects_a_foreign_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "other"}')
+    assert main(["--replay", str(bad)]) == 2
+    assert "is not a" in capsys.readouterr().err
+
+
+def test_prove_dispatches_lazily(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls: list[list[str]] = []
+    fake = types.ModuleType("model_check.prove")
+
+    def fake_main(argv: list[str]) -> int:
+        calls.append(argv)
+        return 7
+
+    fake.main = fake_main  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "model_check.prove", fake)
+    assert main(["prove", "--x", "y"]) == 7
+    assert calls == [["--x", "y"]]
+
+
+def test_keep_going_lists_every_violated_property(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Clock skew also breaks agreement: the fast node prunes its peer locally and returns a
+    # smaller world size than the peer got for the same round.
+    args = ["--nodes", "2", "--min-nodes", "2", "--max-nodes", "2", "--skew", "4", "--quiet"]
+    assert main([*args, "--keep-going", "--trace-out", str(tmp_path / "t.json")]) == 1
+    out = capsys.readouterr().out
+    assert "VIOLATION live_node_evicted" in out
+    assert "also violated: world_size_agreement" in out
