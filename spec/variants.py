@@ -30,6 +30,11 @@ Switches:
 ``prune``
     Removes the expired nodes (:func:`spec.effects.prune`, or the hardened
     :func:`spec.effects.prune_ending_broken_rounds`).
+
+Effects compose as in the reference: ``add_to_participants`` completes the round itself
+when it reaches ``max_nodes`` (one write, not two), by calling
+:func:`spec.effects.mark_complete` directly. A variant that changes how rounds complete
+must therefore replace both effects.
 """
 
 from __future__ import annotations
