@@ -603,7 +603,9 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[[str], Cluster]]:
 
 
 def _sqlite_url(tmp_path: Path) -> str:
-    return f"sqlite://{tmp_path / 'rdzv.db'}"
+    # Agents, their workers and a SIGKILLed agent's recovery share one file on a loaded
+    # 2-core machine: allow a generous lock wait so a slow peer is not an error.
+    return f"sqlite://{tmp_path / 'rdzv.db'}?busy_timeout_ms=30000"
 
 
 def _check_allreduce(cluster: Cluster, agents: list[Agent], shared: bool) -> None:
