@@ -8,18 +8,16 @@ values are never unpickled.
 
 from __future__ import annotations
 
-import pickle
 import re
-import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import store_cases as cases
 from servers import Certs, EtcdServer, TcpProxy, free_port
 
-from rdzv.errors import RendezvousConnectionError, StoreTimeoutError
-from rdzv.stores import open_store
+from rdzv.errors import RendezvousConnectionError
 from rdzv.stores.etcd import EtcdStore
 from rdzv.stores.url import StoreUrlError
 from rdzv.testing import check_store
@@ -28,9 +26,7 @@ pytestmark = pytest.mark.slow
 
 
 def _fresh(url: str, **params: str) -> EtcdStore:
-    query = "&".join(f"{k}={v}" for k, v in {"prefix": f"t{uuid.uuid4().hex}", **params}.items())
-    sep = "&" if "?" in url else "?"
-    return EtcdStore(f"{url}{sep}{query}", timeout=timedelta(seconds=5))
+    return EtcdStore(cases.fresh_url(url, **params), timeout=timedelta(seconds=5))
 
 
 def test_conformance_threads_and_processes(etcd_server: EtcdServer) -> None:
@@ -43,11 +39,7 @@ def test_conformance_threads_and_processes(etcd_server: EtcdServer) -> None:
 
 
 def test_open_store_resolves_the_scheme(etcd_server: EtcdServer) -> None:
-    store = open_store(etcd_server.url + "?prefix=open", timeout=timedelta(seconds=3))
-    assert isinstance(store, EtcdStore)
-    store.set("k", b"v")
-    assert store.get("k") == b"v"
-    store.close()
+    cases.check_open_store_resolves_the_scheme(etcd_server.url, EtcdStore)
 
 
 @pytest.mark.parametrize(
@@ -69,13 +61,13 @@ def test_bad_urls_say_what_is_wrong(url: str, problem: str) -> None:
 
 
 def test_unreachable_server_names_endpoint_without_password() -> None:
-    url = f"etcd://root:hunter2@127.0.0.1:{free_port()}?retries=1&connect_timeout=1"
-    with pytest.raises(RendezvousConnectionError) as info:
-        EtcdStore(url)
-    text = str(info.value)
-    assert "hunter2" not in text
-    assert "etcd://root:***@127.0.0.1" in text
-    assert "2 attempt(s)" in text and "check that etcd runs" in text
+    cases.check_unreachable_server_is_named(
+        EtcdStore,
+        f"etcd://root:hunter2@127.0.0.1:{free_port()}?retries=1&connect_timeout=1",
+        password="hunter2",
+        shown="etcd://root:***@127.0.0.1",
+        hint="check that etcd runs",
+    )
 
 
 def test_authentication(start_etcd: Callable[..., EtcdServer]) -> None:
@@ -117,14 +109,8 @@ def test_lost_reply_of_compare_set_is_resolved_by_reading(
 ) -> None:
     proxy = tcp_proxy(etcd_server.port)
     store = _fresh(f"etcd://127.0.0.1:{proxy.port}")
-    assert store.compare_set("k", b"", b"v1") == b"v1"
-    before = etcd_server.revision()
-    proxy.lose_reply_to(b'"compare"')
-    assert store.compare_set("k", b"v1", b"v2") == b"v2"
-    assert proxy.replies_lost == 1
-    # Exactly one write happened: the outcome was read, not written again.
-    assert etcd_server.revision() - before == 1
-    assert store.get("k") == b"v2"
+    # Exactly one write happens: the outcome is read, not written again.
+    cases.check_lost_reply_of_compare_set_is_read(store, proxy, b'"compare"', etcd_server.revision)
     store.close()
 
 
@@ -133,11 +119,7 @@ def test_lost_reply_of_add_counts_once(
 ) -> None:
     proxy = tcp_proxy(etcd_server.port)
     store = _fresh(f"etcd://127.0.0.1:{proxy.port}")
-    assert store.add("n", 1) == 1
-    proxy.lose_reply_to(b'"compare"')
-    assert store.add("n", 10) == 11
-    assert proxy.replies_lost == 1
-    assert store.get("n") == b"11"
+    cases.check_lost_reply_of_add_counts_once(store, proxy, b'"compare"')
     assert store.num_keys() == 1  # the add's record lies outside the namespace
     store.close()
 
@@ -155,12 +137,9 @@ def test_restart_keeps_data(start_etcd: Callable[..., EtcdServer]) -> None:
 def test_wiped_server_is_a_clear_error(start_etcd: Callable[..., EtcdServer]) -> None:
     server = start_etcd()
     store = _fresh(server.url)
-    store.set("k", b"v")
-    server.restart_empty()
-    with pytest.raises(RendezvousConnectionError, match="data directory was wiped"):
-        store.get("k")
-    with pytest.raises(RendezvousConnectionError, match="restart the job"):
-        store.set("k", b"v")
+    cases.check_lost_data_is_reported(
+        store, server.restart_empty, "data directory was wiped", lambda: store.set("k", b"v")
+    )
     store.close()
 
 
@@ -169,44 +148,25 @@ def test_blackholed_network_fails_in_bounded_time_then_recovers(
 ) -> None:
     proxy = tcp_proxy(etcd_server.port)
     store = _fresh(f"etcd://127.0.0.1:{proxy.port}", request_timeout="0.3", retries="1")
-    store.set("k", b"v")
-    proxy.blackhole()
-    with pytest.raises(RendezvousConnectionError, match="Timeout"):
-        store.get("k")
-    proxy.resume()
-    assert store.get("k") == b"v"
+    cases.check_blackhole_fails_then_recovers(store, proxy)
     store.close()
 
 
 def test_values_are_bytes_never_unpickled(etcd_server: EtcdServer, tmp_path: Path) -> None:
-    marker = tmp_path / "pwned"
-
-    class Boom:
-        def __reduce__(self) -> tuple[object, tuple[str]]:
-            return (marker.touch, ())  # type: ignore[return-value]
-
-    payload = pickle.dumps(Boom())
     store = _fresh(etcd_server.url)
-    store.set("k", payload)
-    assert store.get("k") == payload
-    assert store.compare_set("k", payload, b"x") == b"x"
-    assert not marker.exists()
+    cases.check_values_are_never_unpickled(store, tmp_path)
     store.close()
 
 
 def test_missing_key_times_out_with_the_store_timeout(etcd_server: EtcdServer) -> None:
     store = _fresh(etcd_server.url)
-    store.set_timeout(timedelta(milliseconds=50))
-    with pytest.raises(StoreTimeoutError, match="'missing'"):
-        store.get("missing")
+    cases.check_missing_key_times_out(store)
     store.close()
 
 
 def test_prefixes_do_not_share_keys_or_wakeups(etcd_server: EtcdServer) -> None:
     a, b = _fresh(etcd_server.url), _fresh(etcd_server.url)
-    a.set("k", b"in a")
-    assert b.check(["k"]) is False
+    cases.check_stores_are_isolated(a, b)
     assert b.num_keys() == 0
-    assert b.wait_for_change("k", None, timedelta(milliseconds=100)) is False
     a.close()
     b.close()

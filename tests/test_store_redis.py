@@ -7,7 +7,6 @@ network, and that values are never unpickled.
 
 from __future__ import annotations
 
-import pickle
 import re
 import subprocess
 import sys
@@ -17,10 +16,10 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from servers import Certs, RedisServer, ServerMissing, TcpProxy, find_binary
+import store_cases as cases
+from servers import Certs, RedisServer, ServerMissing, TcpProxy, find_binary, free_port
 
-from rdzv.errors import RendezvousConnectionError, StoreTimeoutError
-from rdzv.stores import open_store
+from rdzv.errors import RendezvousConnectionError
 from rdzv.stores.redis import RedisStore
 from rdzv.stores.url import StoreUrlError
 from rdzv.testing import check_store
@@ -29,9 +28,7 @@ pytestmark = pytest.mark.slow
 
 
 def _fresh(url: str, **params: str) -> RedisStore:
-    query = "&".join(f"{k}={v}" for k, v in {"prefix": f"t{uuid.uuid4().hex}", **params}.items())
-    sep = "&" if "?" in url else "?"
-    return RedisStore(f"{url}{sep}{query}", timeout=timedelta(seconds=5))
+    return RedisStore(cases.fresh_url(url, **params), timeout=timedelta(seconds=5))
 
 
 def _evalsha_calls(server: RedisServer) -> int:
@@ -50,12 +47,8 @@ def test_conformance_threads_and_processes(redis_server: RedisServer) -> None:
 
 
 def test_open_store_resolves_the_scheme(redis_server: RedisServer) -> None:
-    store = open_store(redis_server.url + "?prefix=open", timeout=timedelta(seconds=3))
-    assert isinstance(store, RedisStore)
-    store.set("k", b"v")
-    assert store.get("k") == b"v"
+    cases.check_open_store_resolves_the_scheme(redis_server.url, RedisStore)
     assert redis_server.command("GET", "open:k") == b"v"
-    store.close()
 
 
 def test_a_missing_server_binary_is_an_error_naming_the_package() -> None:
@@ -93,15 +86,13 @@ def test_bad_urls_say_what_is_wrong(url: str, problem: str) -> None:
 
 
 def test_unreachable_server_names_endpoint_without_password() -> None:
-    from servers import free_port
-
-    url = f"redis://admin:hunter2@127.0.0.1:{free_port()}/0?retries=1&connect_timeout=1"
-    with pytest.raises(RendezvousConnectionError) as info:
-        RedisStore(url)
-    text = str(info.value)
-    assert "hunter2" not in text
-    assert "redis://admin:***@127.0.0.1" in text
-    assert "2 attempt(s)" in text and "check that redis-server runs" in text
+    cases.check_unreachable_server_is_named(
+        RedisStore,
+        f"redis://admin:hunter2@127.0.0.1:{free_port()}/0?retries=1&connect_timeout=1",
+        password="hunter2",
+        shown="redis://admin:***@127.0.0.1",
+        hint="check that redis-server runs",
+    )
 
 
 def test_requirepass(start_redis: Callable[..., RedisServer]) -> None:
@@ -138,14 +129,11 @@ def test_lost_reply_of_compare_set_is_resolved_by_reading(
 ) -> None:
     proxy = tcp_proxy(redis_server.port)
     store = _fresh(f"redis://127.0.0.1:{proxy.port}/0")
-    assert store.compare_set("k", b"", b"v1") == b"v1"  # loads the script
-    before = _evalsha_calls(redis_server)
-    proxy.lose_reply_to(b"EVALSHA")
-    assert store.compare_set("k", b"v1", b"v2") == b"v2"
-    assert proxy.replies_lost == 1
-    # The script ran once: the lost reply was resolved by a GET, not by sending it again.
-    assert _evalsha_calls(redis_server) - before == 1
-    assert store.get("k") == b"v2"
+    # The first compare_set loads the script; the second runs it once: its lost reply
+    # is resolved by a GET, not by sending it again.
+    cases.check_lost_reply_of_compare_set_is_read(
+        store, proxy, b"EVALSHA", lambda: _evalsha_calls(redis_server)
+    )
     # A lost reply of a CAS that did not apply (value differs) returns the current value.
     proxy.lose_reply_to(b"EVALSHA")
     assert store.compare_set("k", b"v1", b"v3") == b"v2"
@@ -157,11 +145,7 @@ def test_lost_reply_of_add_counts_once(
 ) -> None:
     proxy = tcp_proxy(redis_server.port)
     store = _fresh(f"redis://127.0.0.1:{proxy.port}/0")
-    assert store.add("n", 1) == 1
-    proxy.lose_reply_to(b"EVALSHA")
-    assert store.add("n", 10) == 11
-    assert proxy.replies_lost == 1
-    assert store.get("n") == b"11"
+    cases.check_lost_reply_of_add_counts_once(store, proxy, b"EVALSHA")
     store.close()
 
 
@@ -181,13 +165,9 @@ def test_restart_without_persistence_is_a_clear_error(
 ) -> None:
     server = start_redis(persistent=False)
     store = _fresh(server.url)
-    store.set("k", b"v")
-    server.restart()
-    with pytest.raises(RendezvousConnectionError, match="lost this store's data"):
-        store.get("k")
-    # Every later call fails the same way instead of working on an empty store.
-    with pytest.raises(RendezvousConnectionError, match="restart the job"):
-        store.compare_set("k", b"", b"new")
+    cases.check_lost_data_is_reported(
+        store, server.restart, "lost this store's data", lambda: store.compare_set("k", b"", b"new")
+    )
     store.close()
 
 
@@ -196,28 +176,13 @@ def test_blackholed_network_fails_in_bounded_time_then_recovers(
 ) -> None:
     proxy = tcp_proxy(redis_server.port)
     store = _fresh(f"redis://127.0.0.1:{proxy.port}/0", socket_timeout="0.3", retries="1")
-    store.set("k", b"v")
-    proxy.blackhole()
-    with pytest.raises(RendezvousConnectionError, match="Timeout"):
-        store.get("k")
-    proxy.resume()
-    assert store.get("k") == b"v"  # the next call reconnects
+    cases.check_blackhole_fails_then_recovers(store, proxy)
     store.close()
 
 
 def test_values_are_bytes_never_unpickled(redis_server: RedisServer, tmp_path: Path) -> None:
-    marker = tmp_path / "pwned"
-
-    class Boom:
-        def __reduce__(self) -> tuple[object, tuple[str]]:
-            return (marker.touch, ())  # type: ignore[return-value]
-
-    payload = pickle.dumps(Boom())
     store = _fresh(redis_server.url)
-    store.set("k", payload)
-    assert store.get("k") == payload
-    assert store.compare_set("k", payload, b"x") == b"x"
-    assert not marker.exists()
+    cases.check_values_are_never_unpickled(store, tmp_path)
     store.close()
 
 
@@ -235,9 +200,7 @@ def test_ttl_expires_abandoned_keys(redis_server: RedisServer) -> None:
 
 def test_missing_key_times_out_with_the_store_timeout(redis_server: RedisServer) -> None:
     store = _fresh(redis_server.url)
-    store.set_timeout(timedelta(milliseconds=50))
-    with pytest.raises(StoreTimeoutError, match="'missing'"):
-        store.get("missing")
+    cases.check_missing_key_times_out(store)
     store.close()
 
 
@@ -246,8 +209,6 @@ def test_databases_do_not_share_keys_or_wakeups(redis_server: RedisServer) -> No
     base = f"redis://127.0.0.1:{redis_server.port}"
     a = RedisStore(f"{base}/1?prefix={prefix}")
     b = RedisStore(f"{base}/2?prefix={prefix}")
-    a.set("k", b"in db 1")
-    assert b.check(["k"]) is False
-    assert b.wait_for_change("k", None, timedelta(milliseconds=100)) is False
+    cases.check_stores_are_isolated(a, b)
     a.close()
     b.close()

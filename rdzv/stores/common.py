@@ -1,6 +1,7 @@
 """Helpers shared by the store backends (and useful to anyone writing one).
 
-Every backend validates keys, encodes counters and reports timeouts the same way, so
+Every backend validates keys and amounts, encodes counters, applies torch's
+``compare_set`` rule and reports timeouts the same way, so
 the conformance kit (:mod:`rdzv.testing`) sees one behaviour and users see one set of
 messages.
 """
@@ -8,6 +9,7 @@ messages.
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -41,6 +43,13 @@ def check_timeout(timeout: object, what: str = "timeout") -> timedelta:
     return timeout
 
 
+def check_amount(amount: object) -> int:
+    """Return ``amount`` if it is an ``int`` (a ``bool`` is not); raise a ``TypeError``."""
+    if not isinstance(amount, int) or isinstance(amount, bool):
+        raise TypeError(f"add() needs an int amount, got {type(amount).__name__}")
+    return amount
+
+
 def wait_seconds(timeout: timedelta) -> float:
     """Seconds to wait for ``timeout``; a negative timeout means "check once, do not wait"."""
     if not isinstance(timeout, timedelta):
@@ -63,6 +72,16 @@ def encode_counter(value: int) -> bytes:
     return str(value).encode("ascii")
 
 
+def cas_refusal(current: bytes | None, expected: bytes) -> bytes | None:
+    """torch's ``compare_set`` rule, given the key's value (None when absent): None when
+    ``desired`` is to be written (the key holds ``expected``, or is absent and
+    ``expected`` is empty); otherwise the value to return without writing: the current
+    value, or ``expected`` itself for an absent key and a non-empty ``expected``."""
+    if current is None:
+        return expected if expected else None
+    return None if current == expected else current
+
+
 def check_pairs(keys: Sequence[str], values: Sequence[bytes | str]) -> None:
     """``multi_set`` needs one value per key."""
     if len(keys) != len(values):
@@ -79,3 +98,24 @@ def timeout_error(endpoint: str, keys: Sequence[str], waited: float) -> StoreTim
         "that writes them may be slow or gone: check it, or raise the store timeout "
         "(set_timeout, or the timeout argument of open_store)"
     )
+
+
+class BaseStore(ABC):
+    """What every backend shares beyond the helpers above: the store-wide ``timeout``
+    (checked by :func:`check_timeout`) and ``get`` as a one-key ``multi_get``."""
+
+    def __init__(self, timeout: timedelta) -> None:
+        self._timeout = check_timeout(timeout)
+
+    @property
+    def timeout(self) -> timedelta:
+        return self._timeout
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._timeout = check_timeout(timeout)
+
+    def get(self, key: str) -> bytes:
+        return self.multi_get([key])[0]
+
+    @abstractmethod
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]: ...

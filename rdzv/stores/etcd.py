@@ -45,36 +45,34 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from rdzv.errors import RendezvousConnectionError
 from rdzv.store import DEFAULT_STORE_TIMEOUT, as_bytes
 from rdzv.stores.common import (
+    cas_refusal,
+    check_amount,
     check_key,
     check_keys,
     check_pairs,
-    check_timeout,
     encode_counter,
     parse_counter,
-    timeout_error,
     wait_seconds,
 )
 from rdzv.stores.remote import (
-    DEFAULT_RETRIES,
-    MAX_RETRIES,
+    OutcomeUnknown,
+    RemoteStore,
     backoff_delays,
     float_param,
-    int_param,
     parse_remote_url,
+    prefix_param,
+    retries_param,
     tls_params,
-    unreachable,
     with_retries,
 )
 from rdzv.stores.url import StoreUrlError
-
-T = TypeVar("T")
 
 DEFAULT_PORT = 2379
 DEFAULT_PREFIX = "rdzv"
@@ -95,10 +93,6 @@ _PARAMS = (
     "cert",
     "key",
     "check_hostname",
-)
-_HINT = (
-    "check that etcd runs and serves clients there (etcd --listen-client-urls), that no "
-    "firewall blocks the port, and the credentials/TLS settings in the URL"
 )
 
 
@@ -125,12 +119,14 @@ class _Transient(Exception):
     """An answer worth retrying (etcd unavailable, token expired)."""
 
 
-class _Unknown(Exception):
-    """A request may have been applied, but its reply was lost."""
-
-
-class EtcdStore:
+class EtcdStore(RemoteStore):
     """A store in the etcd cluster named by ``url`` (see the module docstring)."""
+
+    _KIND = "etcd"
+    _HINT = (
+        "check that etcd runs and serves clients there (etcd --listen-client-urls), that no "
+        "firewall blocks the port, and the credentials/TLS settings in the URL"
+    )
 
     def __init__(self, url: str, *, timeout: timedelta = DEFAULT_STORE_TIMEOUT) -> None:
         import httpx
@@ -146,29 +142,22 @@ class EtcdStore:
             )
         if (parsed.username is None) != (parsed.password is None):
             raise StoreUrlError(f"{parsed.shown!r}: give both user and password (user:pw@host)")
-        self._shown = parsed.shown
-        self._prefix = parsed.params.get("prefix", DEFAULT_PREFIX)
-        if not self._prefix or "#" in self._prefix or " " in self._prefix:
-            raise StoreUrlError(
-                f"prefix={self._prefix!r} in {parsed.shown!r} must be a non-empty name "
-                "without '#' or spaces"
-            )
-        self._ns = f"{self._prefix}/".encode()
-        self._retries = int_param(parsed, "retries", DEFAULT_RETRIES, 0, MAX_RETRIES)
+        prefix = prefix_param(parsed, DEFAULT_PREFIX, "#")
+        retries = retries_param(parsed)
         request_timeout = float_param(parsed, "request_timeout", DEFAULT_REQUEST_TIMEOUT_S)
         connect_timeout = float_param(parsed, "connect_timeout", DEFAULT_CONNECT_TIMEOUT_S)
         assert request_timeout is not None and connect_timeout is not None
+        tls = tls_params(parsed, parsed.scheme == "etcds")
+        super().__init__(parsed, prefix, retries, timeout)
+        self._ns = f"{prefix}/".encode()
         self._connect_timeout = connect_timeout
         self._request_timeout = request_timeout
-        tls = tls_params(parsed, parsed.scheme == "etcds")
-        self._timeout = check_timeout(timeout)
         self._user = parsed.username
         self._password = parsed.password
         self._token: str | None = None
         self._auth_lock = threading.Lock()
         self._cluster_id: str | None = None
         self._seen: dict[bytes, tuple[bytes, int]] = {}
-        self._lost: str | None = None
         scheme = "https" if tls is not None else "http"
         self._http = httpx.Client(
             base_url=f"{scheme}://{parsed.host}:{parsed.port}",
@@ -178,29 +167,13 @@ class EtcdStore:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
             trust_env=False,
         )
-        self._epoch_key = f"{self._prefix}#epoch".encode()
-        self._epoch: bytes | None = None
-        try:
-            self._epoch = self._call("connecting", self._init_epoch)
-        except BaseException:
-            self._http.close()
-            raise
+        self._epoch_key = f"{prefix}#epoch".encode()
+        self._open_epoch()
 
     # -- plumbing --------------------------------------------------------------------
 
-    @property
-    def endpoint(self) -> str:
-        """The URL, password redacted."""
-        return self._shown
-
-    @property
-    def prefix(self) -> str:
-        return self._prefix
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._shown!r}, prefix={self._prefix!r})"
-
     def close(self) -> None:
+        """Close this store's connections."""
         self._http.close()
 
     def _k(self, key: str) -> bytes:
@@ -227,7 +200,6 @@ class EtcdStore:
         return token
 
     def _init_epoch(self) -> bytes:
-        """Create the namespace's epoch token unless it exists; return it."""
         key = _b64(self._epoch_key)
         body = {
             "compare": [
@@ -242,13 +214,12 @@ class EtcdStore:
         return _unb64(kvs[0].get("value"))
 
     def _data_lost(self, seen: bytes | None) -> RendezvousConnectionError:
-        self._lost = (
+        return self._lose(
             f"etcd at {self._shown} lost this store's data (its epoch key "
             f"{self._epoch_key.decode()!r} holds {seen!r}, not {self._epoch!r}): its data "
             "directory was wiped, or the endpoint now names another cluster. The rendezvous "
             "state is gone: restart the job"
         )
-        return RendezvousConnectionError(self._lost)
 
     def _epoch_guard(self) -> list[dict[str, Any]]:
         """A transaction compare that holds only while the epoch token is ours."""
@@ -312,42 +283,18 @@ class EtcdStore:
         if self._cluster_id is None:
             self._cluster_id = cluster
         elif cluster != self._cluster_id:
-            self._lost = (
+            raise self._lose(
                 f"etcd at {self._shown} now serves cluster {cluster}, not {self._cluster_id}: "
                 "its data directory was wiped or the endpoint moved, so the rendezvous state "
                 "is gone; restart the job"
             )
-            raise RendezvousConnectionError(self._lost)
 
     def _transient(self, exc: BaseException) -> bool:
-        return isinstance(exc, self._httpx.TransportError | _Transient | _Unknown)
-
-    def _call(
-        self,
-        doing: str,
-        call: Callable[[], T],
-        deadline: float | None = None,
-        expired: Callable[[], T] | None = None,
-    ) -> T:
-        if self._lost is not None:
-            raise RendezvousConnectionError(self._lost)
-
-        def fail(exc: BaseException, attempts: int) -> RendezvousConnectionError:
-            return unreachable("etcd", self._shown, doing, exc, attempts, _HINT)
-
-        return with_retries(
-            call,
-            retries=self._retries,
-            transient=self._transient,
-            fail=fail,
-            deadline=deadline,
-            expired=expired,
-        )
+        return isinstance(exc, self._httpx.TransportError | _Transient | OutcomeUnknown)
 
     def _post(self, path: str, body: dict[str, Any], doing: str) -> dict[str, Any]:
         """One request (no retry here; callers wrap it in :meth:`_call`)."""
-        if self._lost is not None:
-            raise RendezvousConnectionError(self._lost)
+        self._check_not_lost()
         reply = self._http.post(path, json=body, headers=self._headers())
         return self._decode(reply, doing)
 
@@ -393,7 +340,7 @@ class EtcdStore:
 
         Returns whether it did, and ``key``'s value (None when absent) and mod_revision
         afterwards (read in the same transaction when it did not write). Raises
-        :class:`_Unknown` when the reply was lost."""
+        :class:`OutcomeUnknown` when the reply was lost."""
         body = {
             "compare": [
                 {
@@ -415,7 +362,7 @@ class EtcdStore:
         except (self._httpx.ConnectError, self._httpx.ConnectTimeout):
             raise  # never sent: an ordinary retry is safe
         except self._httpx.TransportError as exc:
-            raise _Unknown(f"{doing}: the reply of a transaction was lost ({exc})") from exc
+            raise OutcomeUnknown(f"{doing}: the reply of a transaction was lost ({exc})") from exc
         if data.get("succeeded", False):
             revision = int(data.get("header", {}).get("revision", 0))
             self._remember(key, puts[0][1] if puts[0][0] == key else None, revision)
@@ -445,19 +392,7 @@ class EtcdStore:
             self._seen.clear()
         self._seen[key] = (value, mod_revision)
 
-    # -- timeout ---------------------------------------------------------------------
-
-    @property
-    def timeout(self) -> timedelta:
-        return self._timeout
-
-    def set_timeout(self, timeout: timedelta) -> None:
-        self._timeout = check_timeout(timeout)
-
     # -- writes ----------------------------------------------------------------------
-
-    def set(self, key: str, value: bytes | str) -> None:
-        self.multi_set([key], [value])
 
     def _guarded_write(self, ops: list[dict[str, Any]], doing: str) -> dict[str, Any]:
         """Run ``ops`` in a transaction that applies only while the epoch is ours."""
@@ -493,15 +428,14 @@ class EtcdStore:
             current, mod = self._read_one(full, "compare_set")
         unknown = 0
         for _ in range(MAX_CAS_ROUNDS):
-            if current is None and want:
-                return want  # torch's answer for an absent key and a non-empty expectation
-            if current is not None and current != want:
-                return current
+            refused = cas_refusal(current, want)
+            if refused is not None:
+                return refused
             try:
                 written, current, mod = self._call_once_then_resolve(
                     full, mod, [(full, new)], "compare_set"
                 )
-            except _Unknown:
+            except OutcomeUnknown:
                 # The reply was lost: read what happened instead of writing again.
                 after, after_mod = self._read_one(full, "compare_set")
                 if after_mod == mod:
@@ -524,13 +458,10 @@ class EtcdStore:
         self, key: bytes, mod: int, puts: list[tuple[bytes, bytes]], doing: str
     ) -> tuple[bool, bytes | None, int]:
         """Run the conditional transaction, retrying only errors that prove it was not
-        sent; :class:`_Unknown` propagates to the caller, which resolves it by reading."""
+        sent; :class:`OutcomeUnknown` propagates to the caller, which resolves it by reading."""
 
         def transient(exc: BaseException) -> bool:
             return isinstance(exc, self._httpx.ConnectError | self._httpx.ConnectTimeout)
-
-        def fail(exc: BaseException, attempts: int) -> RendezvousConnectionError:
-            return unreachable("etcd", self._shown, doing, exc, attempts, _HINT)
 
         def once() -> tuple[bool, bytes | None, int]:
             try:
@@ -538,9 +469,11 @@ class EtcdStore:
             except _Transient as exc:
                 # etcd answered "retry" (unavailable, timed out, token expired): a timed
                 # out proposal may still commit, so this too is resolved by reading.
-                raise _Unknown(str(exc)) from exc
+                raise OutcomeUnknown(str(exc)) from exc
 
-        return with_retries(once, retries=self._retries, transient=transient, fail=fail)
+        return with_retries(
+            once, retries=self._retries, transient=transient, fail=self._fail(doing)
+        )
 
     def _after_unknown(self, unknown: int, doing: str) -> None:
         """Back off before resending a transaction that provably did not apply; give up
@@ -549,14 +482,12 @@ class EtcdStore:
         if unknown > len(delays):
             raise RendezvousConnectionError(
                 f"the etcd store at {self._shown} failed while {doing}: {unknown} transactions "
-                f"in a row got no usable answer; {_HINT}"
+                f"in a row got no usable answer; {self._HINT}"
             )
         time.sleep(delays[unknown - 1])
 
     def add(self, key: str, amount: int) -> int:
-        full = self._k(key)
-        if not isinstance(amount, int) or isinstance(amount, bool):
-            raise TypeError(f"add() needs an int amount, got {type(amount).__name__}")
+        full, amount = self._k(key), check_amount(amount)
         record = f"{self._prefix}#add/{uuid.uuid4().hex}".encode()
         unknown = 0
         try:
@@ -569,7 +500,7 @@ class EtcdStore:
                         full, mod, [(full, data), (record, data)], "add"
                     )[0]:
                         return new
-                except _Unknown:
+                except OutcomeUnknown:
                     done, _ = self._read_one(record, "add")
                     if done is not None:
                         return int(done)  # it happened: its result was recorded with it
@@ -617,38 +548,23 @@ class EtcdStore:
         counted = data.get("responses", [{}])[0].get("response_range", {})
         return int(counted.get("count", 0))
 
-    def get(self, key: str) -> bytes:
-        return self.multi_get([key])[0]
+    def _await_values(self, names: list[str], seconds: float) -> list[bytes] | None:
+        return self._await_present([self._k(k) for k in names], seconds, "get")
 
-    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
-        names = check_keys(keys)
-        if not names:
-            return []
-        full = [self._k(k) for k in names]
-        seconds = wait_seconds(self._timeout)
+    def _await_keys(self, names: list[str], seconds: float) -> bool:
+        return self._await_present(sorted({self._k(k) for k in names}), seconds, "wait") is not None
+
+    def _await_present(self, full: list[bytes], seconds: float, doing: str) -> list[bytes] | None:
+        """The values of ``full`` once all exist, None after ``seconds``; between reads
+        it watches the first missing key."""
         deadline = time.monotonic() + seconds
         while True:  # bounded by the deadline: each pass waits for a missing key
-            values, revision = self._read(full, "get")
+            values, revision = self._read(full, doing)
             missing = [k for k, v in zip(full, values, strict=True) if v is None]
             if not missing:
                 return [v for v in values if v is not None]
-            if not self._watch(missing[0], revision, deadline, "get"):
-                raise timeout_error(self._shown, names, seconds)
-
-    def wait(self, keys: Sequence[str], timeout: timedelta | None = None) -> None:
-        names = check_keys(keys)
-        seconds = wait_seconds(self._timeout if timeout is None else timeout)
-        if not names:
-            return
-        full = sorted({self._k(k) for k in names})
-        deadline = time.monotonic() + seconds
-        while True:  # bounded by the deadline
-            values, revision = self._read(full, "wait")
-            missing = [k for k, v in zip(full, values, strict=True) if v is None]
-            if not missing:
-                return
-            if not self._watch(missing[0], revision, deadline, "wait"):
-                raise timeout_error(self._shown, names, seconds)
+            if not self._watch(missing[0], revision, deadline, doing):
+                return None
 
     def wait_for_change(self, key: str, current: bytes | None, timeout: timedelta) -> bool:
         full = self._k(key)

@@ -19,10 +19,12 @@ from datetime import timedelta
 
 from rdzv.store import DEFAULT_STORE_TIMEOUT, as_bytes
 from rdzv.stores.common import (
+    BaseStore,
+    cas_refusal,
+    check_amount,
     check_key,
     check_keys,
     check_pairs,
-    check_timeout,
     encode_counter,
     parse_counter,
     timeout_error,
@@ -75,7 +77,7 @@ def _check_name(name: object) -> str:
     return name
 
 
-class MemoryStore:
+class MemoryStore(BaseStore):
     """A thread-safe in-process store. ``MemoryStore()`` is private and starts empty."""
 
     def __init__(
@@ -85,7 +87,7 @@ class MemoryStore:
         _shared: _Shared | None = None,
         _name: str | None = None,
     ) -> None:
-        self._timeout = check_timeout(timeout)
+        super().__init__(timeout)
         self._shared = _shared if _shared is not None else _Shared()
         self._name = _name
 
@@ -108,15 +110,6 @@ class MemoryStore:
     def close(self) -> None:
         """Nothing to release; present so every backend can be closed the same way."""
 
-    # -- timeout -------------------------------------------------------------------
-
-    @property
-    def timeout(self) -> timedelta:
-        return self._timeout
-
-    def set_timeout(self, timeout: timedelta) -> None:
-        self._timeout = check_timeout(timeout)
-
     # -- writes (each notifies every waiter) ----------------------------------------
 
     def set(self, key: str, value: bytes | str) -> None:
@@ -126,9 +119,7 @@ class MemoryStore:
             self._shared.cond.notify_all()
 
     def add(self, key: str, amount: int) -> int:
-        key = check_key(key)
-        if not isinstance(amount, int) or isinstance(amount, bool):
-            raise TypeError(f"add() needs an int amount, got {type(amount).__name__}")
+        key, amount = check_key(key), check_amount(amount)
         with self._shared.cond:
             old = self._shared.data.get(key)
             new = (0 if old is None else parse_counter(key, old)) + amount
@@ -139,15 +130,12 @@ class MemoryStore:
     def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
         key, want, new = check_key(key), as_bytes(expected), as_bytes(desired)
         with self._shared.cond:
-            current = self._shared.data.get(key)
-            if current is None and want:
-                return want  # torch's answer for an absent key and a non-empty expectation
-            if (current is None and not want) or current == want:
-                self._shared.data[key] = new
-                self._shared.cond.notify_all()
-                return new
-            assert current is not None
-            return current
+            refused = cas_refusal(self._shared.data.get(key), want)
+            if refused is not None:
+                return refused
+            self._shared.data[key] = new
+            self._shared.cond.notify_all()
+            return new
 
     def multi_set(self, keys: Sequence[str], values: Sequence[bytes | str]) -> None:
         names = check_keys(keys)
@@ -175,9 +163,6 @@ class MemoryStore:
     def num_keys(self) -> int:
         with self._shared.cond:
             return len(self._shared.data)
-
-    def get(self, key: str) -> bytes:
-        return self.multi_get([key])[0]
 
     def multi_get(self, keys: Sequence[str]) -> list[bytes]:
         names = check_keys(keys)

@@ -38,33 +38,29 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from rdzv.errors import RendezvousConnectionError
 from rdzv.store import DEFAULT_STORE_TIMEOUT, as_bytes
 from rdzv.stores.common import (
+    check_amount,
     check_key,
     check_keys,
     check_pairs,
-    check_timeout,
     parse_counter,
-    timeout_error,
     wait_seconds,
 )
 from rdzv.stores.remote import (
-    DEFAULT_RETRIES,
-    MAX_RETRIES,
+    OutcomeUnknown,
+    RemoteStore,
     RemoteUrl,
     float_param,
-    int_param,
     parse_remote_url,
+    prefix_param,
+    retries_param,
     tls_params,
-    unreachable,
-    with_retries,
 )
 from rdzv.stores.url import StoreUrlError
-
-T = TypeVar("T")
 
 DEFAULT_PORT = 6379
 DEFAULT_PREFIX = "rdzv"
@@ -84,10 +80,6 @@ _PARAMS = (
     "cert",
     "key",
     "check_hostname",
-)
-_HINT = (
-    "check that redis-server runs and listens there, that no firewall blocks the port, "
-    "and the password/TLS settings in the URL"
 )
 
 # KEYS: k1..kn, index.  ARGV: ttl_ms, v1..vn, channel1..channeln.
@@ -158,12 +150,14 @@ return n
 """
 
 
-class _Unknown(Exception):
-    """A request was sent but its reply was lost: its outcome is unknown."""
-
-
-class RedisStore:
+class RedisStore(RemoteStore):
     """A store in the Redis server named by ``url`` (see the module docstring)."""
+
+    _KIND = "Redis"
+    _HINT = (
+        "check that redis-server runs and listens there, that no firewall blocks the port, "
+        "and the password/TLS settings in the URL"
+    )
 
     def __init__(self, url: str, *, timeout: timedelta = DEFAULT_STORE_TIMEOUT) -> None:
         import redis
@@ -174,25 +168,18 @@ class RedisStore:
         parsed = parse_remote_url(url, DEFAULT_PORT, _PARAMS)
         if parsed.scheme not in ("redis", "rediss"):
             raise StoreUrlError(f"{parsed.shown!r} is not a redis:// or rediss:// URL")
-        self._shown = parsed.shown
-        self._db = _db_of(parsed)
-        self._prefix = parsed.params.get("prefix", DEFAULT_PREFIX)
-        if not self._prefix or any(c in self._prefix for c in "#:") or " " in self._prefix:
-            raise StoreUrlError(
-                f"prefix={self._prefix!r} in {parsed.shown!r} must be a non-empty name "
-                "without '#', ':' or spaces"
-            )
+        db = _db_of(parsed)
+        prefix = prefix_param(parsed, DEFAULT_PREFIX, "#:")
         ttl = float_param(parsed, "ttl", None)
-        self._ttl_ms = 0 if ttl is None else max(1, round(ttl * 1000))
-        self._retries = int_param(parsed, "retries", DEFAULT_RETRIES, 0, MAX_RETRIES)
+        retries = retries_param(parsed)
         socket_timeout = float_param(parsed, "socket_timeout", DEFAULT_SOCKET_TIMEOUT_S)
         connect_timeout = float_param(parsed, "connect_timeout", DEFAULT_CONNECT_TIMEOUT_S)
         tls = tls_params(parsed, parsed.scheme == "rediss")
-        self._timeout = check_timeout(timeout)
-        self._index = f"{self._prefix}#index"
-        self._epoch_key = f"{self._prefix}#epoch"
-        self._epoch: bytes | None = None
-        self._lost: str | None = None
+        super().__init__(parsed, prefix, retries, timeout)
+        self._db = db
+        self._ttl_ms = 0 if ttl is None else max(1, round(ttl * 1000))
+        self._index = f"{prefix}#index"
+        self._epoch_key = f"{prefix}#epoch"
         self._lock = threading.Lock()
         tls_kwargs: dict[str, Any] = {}
         if tls is not None:
@@ -221,25 +208,9 @@ class RedisStore:
         self._cas_script: Any = self._client.register_script(_CAS)
         self._add_script: Any = self._client.register_script(_ADD)
         self._delete_script: Any = self._client.register_script(_DELETE)
-        try:
-            self._epoch = self._call("connecting", self._init_epoch)
-        except BaseException:
-            self._client.close()
-            raise
+        self._open_epoch()
 
     # -- plumbing --------------------------------------------------------------------
-
-    @property
-    def endpoint(self) -> str:
-        """The URL, password redacted."""
-        return self._shown
-
-    @property
-    def prefix(self) -> str:
-        return self._prefix
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._shown!r}, prefix={self._prefix!r})"
 
     def close(self) -> None:
         """Close this store's connections."""
@@ -261,64 +232,43 @@ class RedisStore:
         conn.send_command("GET", self._epoch_key)
         seen = conn.read_response()
         if seen != epoch:
-            self._lost = (
+            lost = self._lose(
                 f"the Redis server at {self._shown} lost this store's data (its epoch key "
                 f"{self._epoch_key!r} holds {seen!r}, not {epoch!r}): it restarted without "
                 "persistence, or was flushed. The rendezvous state is gone: restart the job "
                 "(enable appendonly on the server to survive restarts)"
             )
             conn.disconnect()
-            raise RendezvousConnectionError(self._lost)
+            raise lost
 
     def _transient(self, exc: BaseException) -> bool:
         redis = self._redis
         if isinstance(exc, redis.AuthenticationError | redis.exceptions.AuthorizationError):
             return False
-        return isinstance(exc, redis.ConnectionError | redis.TimeoutError | _Unknown | OSError)
+        return isinstance(
+            exc, redis.ConnectionError | redis.TimeoutError | OutcomeUnknown | OSError
+        )
 
-    def _fail(self, doing: str) -> Callable[[BaseException, int], RendezvousConnectionError]:
-        def fail(exc: BaseException, attempts: int) -> RendezvousConnectionError:
-            return unreachable("Redis", self._shown, doing, exc, attempts, _HINT)
-
-        return fail
-
-    def _call(
-        self,
-        doing: str,
-        call: Callable[[], T],
-        deadline: float | None = None,
-        expired: Callable[[], T] | None = None,
-    ) -> T:
-        """Run ``call`` (safe to repeat) with bounded retries; map errors."""
-        if self._lost is not None:
-            raise RendezvousConnectionError(self._lost)
+    def _explain(self, exc: Exception, doing: str) -> RendezvousConnectionError | None:
         redis = self._redis
-        try:
-            return with_retries(
-                call,
-                retries=self._retries,
-                transient=self._transient,
-                fail=self._fail(doing),
-                deadline=deadline,
-                expired=expired,
-            )
-        except (redis.AuthenticationError, redis.exceptions.AuthorizationError) as exc:
-            raise RendezvousConnectionError(
+        if isinstance(exc, redis.AuthenticationError | redis.exceptions.AuthorizationError):
+            return RendezvousConnectionError(
                 f"the Redis server at {self._shown} refused the credentials while {doing} "
                 f"({exc}); check the user and password in the URL "
                 "(redis://user:password@host:port/db) against the server's requirepass/ACL"
-            ) from exc
-        except redis.exceptions.NoPermissionError as exc:
-            raise RendezvousConnectionError(
+            )
+        if isinstance(exc, redis.exceptions.NoPermissionError):
+            return RendezvousConnectionError(
                 f"the Redis user of {self._shown} may not run what {doing} needs ({exc}); "
                 "grant it the commands GET SET DEL EXISTS MGET INCRBY SADD SREM SCARD "
                 "PEXPIRE EVALSHA SCRIPT PUBLISH SUBSCRIBE on the prefix's keys"
-            ) from exc
-        except redis.RedisError as exc:
-            raise RendezvousConnectionError(
+            )
+        if isinstance(exc, redis.RedisError):
+            return RendezvousConnectionError(
                 f"the Redis server at {self._shown} failed while {doing} "
                 f"({type(exc).__name__}: {exc}); check the server's log"
-            ) from exc
+            )
+        return None
 
     def _k(self, key: str) -> str:
         return f"{self._prefix}:{check_key(key)}"
@@ -327,19 +277,7 @@ class RedisStore:
         # Pub/sub channels are global to the server, not per database.
         return f"__rdzv__:{self._db}:{full_key}"
 
-    # -- timeout ---------------------------------------------------------------------
-
-    @property
-    def timeout(self) -> timedelta:
-        return self._timeout
-
-    def set_timeout(self, timeout: timedelta) -> None:
-        self._timeout = check_timeout(timeout)
-
     # -- writes ----------------------------------------------------------------------
-
-    def set(self, key: str, value: bytes | str) -> None:
-        self.multi_set([key], [value])
 
     def multi_set(self, keys: Sequence[str], values: Sequence[bytes | str]) -> None:
         names = check_keys(keys)
@@ -372,18 +310,16 @@ class RedisStore:
             current = self._client.get(full)
         except (self._redis.ConnectionError, self._redis.TimeoutError):
             # Still unreachable: try the whole thing again (it re-reads first).
-            raise _Unknown(f"compare_set on {full!r} lost its reply ({exc})") from exc
+            raise OutcomeUnknown(f"compare_set on {full!r} lost its reply ({exc})") from exc
         if current is not None and bytes(current) == new:
             return new  # it happened (or someone wrote the same bytes: the same state)
         if (current is None and not want) or (current is not None and bytes(current) == want):
             # The write did not happen: the CAS may be sent again, still conditional.
-            raise _Unknown(f"compare_set on {full!r} lost its reply and did not apply")
+            raise OutcomeUnknown(f"compare_set on {full!r} lost its reply and did not apply")
         return want if current is None else bytes(current)
 
     def add(self, key: str, amount: int) -> int:
-        full = self._k(key)
-        if not isinstance(amount, int) or isinstance(amount, bool):
-            raise TypeError(f"add() needs an int amount, got {type(amount).__name__}")
+        full, amount = self._k(key), check_amount(amount)
         record = f"{self._prefix}#add:{uuid.uuid4().hex}"
         args = [amount, self._ttl_ms, self._channel(full), ADD_RECORD_S]
         # Running the script again with the same record key is exactly-once: a retry
@@ -420,15 +356,8 @@ class RedisStore:
     def num_keys(self) -> int:
         return int(self._call("num_keys", lambda: self._client.scard(self._index)))
 
-    def get(self, key: str) -> bytes:
-        return self.multi_get([key])[0]
-
-    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
-        names = check_keys(keys)
-        if not names:
-            return []
+    def _await_values(self, names: list[str], seconds: float) -> list[bytes] | None:
         full = [self._k(k) for k in names]
-        seconds = wait_seconds(self._timeout)
         found: list[bytes] = []
 
         def read() -> bool:
@@ -438,22 +367,15 @@ class RedisStore:
             found[:] = [bytes(v) for v in values]
             return True
 
-        if not self._wait_until(full, read, seconds, "get"):
-            raise timeout_error(self._shown, names, seconds)
-        return found
+        return found if self._wait_until(full, read, seconds, "get") else None
 
-    def wait(self, keys: Sequence[str], timeout: timedelta | None = None) -> None:
-        names = check_keys(keys)
-        seconds = wait_seconds(self._timeout if timeout is None else timeout)
-        if not names:
-            return
+    def _await_keys(self, names: list[str], seconds: float) -> bool:
         full = sorted({self._k(k) for k in names})
 
         def present() -> bool:
             return bool(self._client.exists(*full) == len(full))
 
-        if not self._wait_until(full, present, seconds, "wait"):
-            raise timeout_error(self._shown, names, seconds)
+        return self._wait_until(full, present, seconds, "wait")
 
     def wait_for_change(self, key: str, current: bytes | None, timeout: timedelta) -> bool:
         full = self._k(key)

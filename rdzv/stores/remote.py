@@ -1,5 +1,6 @@
 """What the network stores (``redis://``, ``etcd://``) share: URL parsing, TLS files,
-bounded retries with backoff, and the errors they raise.
+bounded retries with backoff, the errors they raise, and :class:`RemoteStore`, their
+common plumbing (endpoint, namespace prefix, epoch token, retrying calls).
 
 Nothing here imports a client library; :mod:`rdzv.stores.redis` and
 :mod:`rdzv.stores.etcd` import theirs lazily.
@@ -16,12 +17,15 @@ from __future__ import annotations
 import os
 import ssl
 import time
-from collections.abc import Callable
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from datetime import timedelta
+from typing import ClassVar, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from rdzv.errors import RendezvousConnectionError
+from rdzv.stores.common import BaseStore, check_keys, timeout_error, wait_seconds
 from rdzv.stores.url import StoreUrlError, redact, split_query
 
 T = TypeVar("T")
@@ -34,6 +38,11 @@ RETRY_DELAY_MAX_S = 1.0
 """Upper bound of the backoff delay (it doubles from ``RETRY_DELAY_MIN_S``)."""
 MAX_RETRIES = 100
 """Largest ``retries`` a URL may ask for (keeps every retry loop bounded)."""
+
+
+class OutcomeUnknown(Exception):
+    """A request that is not safe to repeat may have been applied, but its reply was
+    lost; the backend resolves it by reading before it sends anything again."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +145,24 @@ def int_param(parsed: RemoteUrl, name: str, default: int, low: int, high: int) -
     return int(text)
 
 
+def retries_param(parsed: RemoteUrl) -> int:
+    """The ``retries`` query parameter (``DEFAULT_RETRIES``, at most ``MAX_RETRIES``)."""
+    return int_param(parsed, "retries", DEFAULT_RETRIES, 0, MAX_RETRIES)
+
+
+def prefix_param(parsed: RemoteUrl, default: str, forbidden: str) -> str:
+    """The ``prefix`` query parameter: a non-empty name without spaces or any of the
+    ``forbidden`` characters (the backend's separators)."""
+    prefix = parsed.params.get("prefix", default)
+    if not prefix or any(c in prefix for c in forbidden) or " " in prefix:
+        shown = ", ".join(repr(c) for c in forbidden)
+        raise StoreUrlError(
+            f"prefix={prefix!r} in {parsed.shown!r} must be a non-empty name "
+            f"without {shown} or spaces"
+        )
+    return prefix
+
+
 def tls_params(parsed: RemoteUrl, secure: bool) -> Tls | None:
     """TLS settings: ``ca`` (CA bundle), ``cert`` and ``key`` (client certificate),
     ``check_hostname`` (``true``/``false``). Only for the TLS schemes."""
@@ -220,3 +247,138 @@ def unreachable(
         f"the {what} store at {shown} failed while {doing} after {attempts} attempt(s) "
         f"({type(exc).__name__}: {text}); {hint}"
     )
+
+
+class RemoteStore(BaseStore):
+    """The plumbing of a store on a server: its redacted URL, its namespace ``prefix``,
+    the epoch token that reveals lost data, and :meth:`_call`, which runs a request with
+    bounded retries and refuses to run once the data is known to be lost.
+
+    A subclass parses its URL, calls ``super().__init__``, opens its client, then calls
+    :meth:`_open_epoch`; it names itself in ``_KIND`` and its checklist in ``_HINT``."""
+
+    _KIND: ClassVar[str]
+    """The server's name in messages ("Redis", "etcd")."""
+    _HINT: ClassVar[str]
+    """What to check when the server cannot be reached (ends the error message)."""
+
+    def __init__(self, parsed: RemoteUrl, prefix: str, retries: int, timeout: timedelta) -> None:
+        super().__init__(timeout)
+        self._shown = parsed.shown
+        self._prefix = prefix
+        self._retries = retries
+        self._epoch: bytes | None = None
+        self._lost: str | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """The URL, password redacted."""
+        return self._shown
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._shown!r}, prefix={self._prefix!r})"
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close this store's connections."""
+
+    def set(self, key: str, value: bytes | str) -> None:
+        self.multi_set([key], [value])
+
+    @abstractmethod
+    def multi_set(self, keys: Sequence[str], values: Sequence[bytes | str]) -> None: ...
+
+    # -- blocking reads --------------------------------------------------------------
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+        names = check_keys(keys)
+        if not names:
+            return []
+        seconds = wait_seconds(self._timeout)
+        values = self._await_values(names, seconds)
+        if values is None:
+            raise timeout_error(self._shown, names, seconds)
+        return values
+
+    def wait(self, keys: Sequence[str], timeout: timedelta | None = None) -> None:
+        names = check_keys(keys)
+        seconds = wait_seconds(self._timeout if timeout is None else timeout)
+        if names and not self._await_keys(names, seconds):
+            raise timeout_error(self._shown, names, seconds)
+
+    @abstractmethod
+    def _await_values(self, names: list[str], seconds: float) -> list[bytes] | None:
+        """The values of the keys ``names`` once all exist; None after ``seconds``."""
+
+    @abstractmethod
+    def _await_keys(self, names: list[str], seconds: float) -> bool:
+        """True once the keys ``names`` all exist; False after ``seconds``."""
+
+    # -- epoch -----------------------------------------------------------------------
+
+    @abstractmethod
+    def _init_epoch(self) -> bytes:
+        """Create the namespace's epoch token unless it exists; return its value."""
+
+    def _open_epoch(self) -> None:
+        """Read (or create) the epoch token; on failure close the client and re-raise."""
+        try:
+            self._epoch = self._call("connecting", self._init_epoch)
+        except BaseException:
+            self.close()
+            raise
+
+    def _lose(self, message: str) -> RendezvousConnectionError:
+        """Record that this store's data is gone: this and every later call raise
+        ``message`` instead of working on an empty store."""
+        self._lost = message
+        return RendezvousConnectionError(message)
+
+    def _check_not_lost(self) -> None:
+        if self._lost is not None:
+            raise RendezvousConnectionError(self._lost)
+
+    # -- retries ---------------------------------------------------------------------
+
+    @abstractmethod
+    def _transient(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is worth another attempt of a request that is safe to repeat."""
+
+    def _fail(self, doing: str) -> Callable[[BaseException, int], RendezvousConnectionError]:
+        def fail(exc: BaseException, attempts: int) -> RendezvousConnectionError:
+            return unreachable(self._KIND, self._shown, doing, exc, attempts, self._HINT)
+
+        return fail
+
+    def _explain(self, exc: Exception, doing: str) -> RendezvousConnectionError | None:
+        """The error to raise instead of ``exc``, a non-transient error of the client
+        library, when its own words would not say what to fix; None keeps ``exc``."""
+        return None
+
+    def _call(
+        self,
+        doing: str,
+        call: Callable[[], T],
+        deadline: float | None = None,
+        expired: Callable[[], T] | None = None,
+    ) -> T:
+        """Run ``call`` (safe to repeat) with bounded retries (see :func:`with_retries`)."""
+        self._check_not_lost()
+        try:
+            return with_retries(
+                call,
+                retries=self._retries,
+                transient=self._transient,
+                fail=self._fail(doing),
+                deadline=deadline,
+                expired=expired,
+            )
+        except Exception as exc:
+            explained = self._explain(exc, doing)
+            if explained is None:
+                raise
+            raise explained from exc

@@ -38,10 +38,12 @@ from urllib.parse import unquote
 from rdzv.errors import RendezvousConnectionError
 from rdzv.store import DEFAULT_STORE_TIMEOUT, as_bytes
 from rdzv.stores.common import (
+    BaseStore,
+    cas_refusal,
+    check_amount,
     check_key,
     check_keys,
     check_pairs,
-    check_timeout,
     encode_counter,
     parse_counter,
     timeout_error,
@@ -71,7 +73,7 @@ class _Local(threading.local):
     pid: int = -1
 
 
-class SQLiteStore:
+class SQLiteStore(BaseStore):
     """A store kept in the SQLite file at ``path`` (created with its table if missing)."""
 
     def __init__(
@@ -84,7 +86,7 @@ class SQLiteStore:
         if not isinstance(busy_timeout_ms, int) or busy_timeout_ms < 0:
             raise ValueError(f"busy_timeout_ms must be an int >= 0, got {busy_timeout_ms!r}")
         self._path = os.path.abspath(os.fspath(path))
-        self._timeout = check_timeout(timeout)
+        super().__init__(timeout)
         self._busy_timeout_ms = busy_timeout_ms
         self._local = _Local()
         self._conns_lock = threading.Lock()
@@ -305,15 +307,6 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise self._error(exc, doing) from exc
 
-    # -- timeout ---------------------------------------------------------------------
-
-    @property
-    def timeout(self) -> timedelta:
-        return self._timeout
-
-    def set_timeout(self, timeout: timedelta) -> None:
-        self._timeout = check_timeout(timeout)
-
     # -- writes ----------------------------------------------------------------------
 
     def set(self, key: str, value: bytes | str) -> None:
@@ -326,9 +319,7 @@ class SQLiteStore:
         self._wrote()
 
     def add(self, key: str, amount: int) -> int:
-        key = check_key(key)
-        if not isinstance(amount, int) or isinstance(amount, bool):
-            raise TypeError(f"add() needs an int amount, got {type(amount).__name__}")
+        key, amount = check_key(key), check_amount(amount)
 
         def body(conn: sqlite3.Connection) -> int:
             old = self._get_one(conn, key)
@@ -345,15 +336,11 @@ class SQLiteStore:
         key, want, new = check_key(key), as_bytes(expected), as_bytes(desired)
 
         def body(conn: sqlite3.Connection) -> bytes:
-            current = self._get_one(conn, key)
-            if current is None and want:
-                return want  # torch's answer for an absent key and a non-empty expectation
-            if current is None or current == want:
-                conn.execute(
-                    "INSERT OR REPLACE INTO rdzv_kv (key, value) VALUES (?, ?)", (key, new)
-                )
-                return new
-            return current
+            refused = cas_refusal(self._get_one(conn, key), want)
+            if refused is not None:
+                return refused
+            conn.execute("INSERT OR REPLACE INTO rdzv_kv (key, value) VALUES (?, ?)", (key, new))
+            return new
 
         return self._write("compare_set", body)
 
@@ -389,9 +376,6 @@ class SQLiteStore:
         return self._run(
             "num_keys", lambda conn: int(conn.execute("SELECT COUNT(*) FROM rdzv_kv").fetchone()[0])
         )
-
-    def get(self, key: str) -> bytes:
-        return self.multi_get([key])[0]
 
     def multi_get(self, keys: Sequence[str]) -> list[bytes]:
         names = check_keys(keys)

@@ -1,0 +1,139 @@
+"""Test bodies shared by the network store tests (``tests/test_store_redis.py`` and
+``tests/test_store_etcd.py``): where both backends promise the same behaviour, it is
+checked by the same code against each real server.
+
+Each function acts on a store the caller opened and leaves closing it to the caller
+(unless it says otherwise), so a test can add its backend's own checks after it.
+"""
+
+from __future__ import annotations
+
+import pickle
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Protocol
+
+import pytest
+from servers import TcpProxy
+
+from rdzv.errors import RendezvousConnectionError, StoreTimeoutError
+from rdzv.store import Store
+from rdzv.stores import open_store
+
+
+class ClosableStore(Store, Protocol):
+    """A store that holds connections (every network backend)."""
+
+    def close(self) -> None: ...
+
+
+def fresh_url(url: str, **params: str) -> str:
+    """``url`` with a new, unique ``prefix`` (so tests sharing a server do not meet)
+    and the given query parameters."""
+    query = "&".join(f"{k}={v}" for k, v in {"prefix": f"t{uuid.uuid4().hex}", **params}.items())
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}{query}"
+
+
+def check_open_store_resolves_the_scheme(url: str, kind: type[ClosableStore]) -> None:
+    """``open_store`` picks the backend from the scheme; the store works (and is closed)."""
+    store = open_store(url + "?prefix=open", timeout=timedelta(seconds=3))
+    assert isinstance(store, kind)
+    store.set("k", b"v")
+    assert store.get("k") == b"v"
+    store.close()
+
+
+def check_unreachable_server_is_named(
+    open_: Callable[[str], object], url: str, password: str, shown: str, hint: str
+) -> None:
+    """Opening ``url`` (a closed port, ``retries=1``) fails after 2 attempts with an error
+    naming the endpoint as ``shown`` (password redacted) and what to check (``hint``)."""
+    assert password in url
+    with pytest.raises(RendezvousConnectionError) as info:
+        open_(url)
+    text = str(info.value)
+    assert password not in text
+    assert shown in text
+    assert "2 attempt(s)" in text and hint in text
+
+
+def check_lost_reply_of_compare_set_is_read(
+    store: Store, proxy: TcpProxy, marker: bytes, applied: Callable[[], int]
+) -> None:
+    """The reply of a compare_set is lost (the proxy drops the answer to the request
+    containing ``marker``): the store answers right, and ``applied()`` (a server-side
+    count of applied requests) moved by exactly one: the outcome was read, not sent again."""
+    assert store.compare_set("k", b"", b"v1") == b"v1"
+    before = applied()
+    proxy.lose_reply_to(marker)
+    assert store.compare_set("k", b"v1", b"v2") == b"v2"
+    assert proxy.replies_lost == 1
+    assert applied() - before == 1
+    assert store.get("k") == b"v2"
+
+
+def check_lost_reply_of_add_counts_once(store: Store, proxy: TcpProxy, marker: bytes) -> None:
+    """The reply of an add is lost: the add is counted once, and its result returned."""
+    assert store.add("n", 1) == 1
+    proxy.lose_reply_to(marker)
+    assert store.add("n", 10) == 11
+    assert proxy.replies_lost == 1
+    assert store.get("n") == b"11"
+
+
+def check_lost_data_is_reported(
+    store: Store, wipe: Callable[[], None], says: str, then: Callable[[], object]
+) -> None:
+    """After ``wipe()`` (the server comes back without this store's data), reading fails
+    with an error matching ``says``, and a later call ``then()`` fails too: the store never
+    goes on working on an empty server."""
+    store.set("k", b"v")
+    wipe()
+    with pytest.raises(RendezvousConnectionError, match=says):
+        store.get("k")
+    with pytest.raises(RendezvousConnectionError, match="restart the job"):
+        then()
+
+
+def check_blackhole_fails_then_recovers(store: Store, proxy: TcpProxy) -> None:
+    """With a short request timeout and ``retries=1``, a network that drops everything
+    makes a call fail with a timeout; once it passes traffic, the next call reconnects."""
+    store.set("k", b"v")
+    proxy.blackhole()
+    with pytest.raises(RendezvousConnectionError, match="Timeout"):
+        store.get("k")
+    proxy.resume()
+    assert store.get("k") == b"v"
+
+
+def check_values_are_never_unpickled(store: Store, tmp_path: Path) -> None:
+    """A pickle whose loading would create a marker file is stored and compared as bytes."""
+    marker = tmp_path / "pwned"
+
+    class Boom:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (marker.touch, ())  # type: ignore[return-value]
+
+    payload = pickle.dumps(Boom())
+    store.set("k", payload)
+    assert store.get("k") == payload
+    assert store.compare_set("k", payload, b"x") == b"x"
+    assert not marker.exists()
+
+
+def check_missing_key_times_out(store: Store) -> None:
+    """``get`` of a missing key raises StoreTimeoutError naming the key after the store
+    timeout (set short here)."""
+    store.set_timeout(timedelta(milliseconds=50))
+    with pytest.raises(StoreTimeoutError, match="'missing'"):
+        store.get("missing")
+
+
+def check_stores_are_isolated(a: Store, b: Store) -> None:
+    """What ``a`` writes, ``b`` neither sees nor wakes up for."""
+    a.set("k", b"written by a")
+    assert b.check(["k"]) is False
+    assert b.wait_for_change("k", None, timedelta(milliseconds=100)) is False
