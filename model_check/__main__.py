@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import spec
-from model_check.explore import Result, explore, on_timeless_cycle, replay
+from model_check.explore import Result, doomed_from, explore, on_timeless_cycle, replay
 from model_check.model import (
+    CALLS_END,
     Faults,
     ModelConfig,
     Move,
@@ -310,6 +311,13 @@ def _replay_main(path_text: str, ns_json: bool) -> int:
         print(line)
     expected = doc["violation"]["name"]
     got = [v.name for v in steps[-1][1].violations] if steps else []
+    if expected == CALLS_END:
+        world = steps[-1][1].world if steps else initial_world(cfg)
+        problems = doomed_from(world, cfg)
+        if problems is not None:
+            print("from here no continuation without faults reaches a world where every call")
+            print("ended as specified: " + "; ".join(problems))
+            got.append(CALLS_END)
     if expected == "livelock":
         world = steps[-1][1].world if steps else initial_world(cfg)
         cycle = on_timeless_cycle(world, cfg)
@@ -322,6 +330,11 @@ def _replay_main(path_text: str, ns_json: bool) -> int:
         return 1
     print(f"did NOT reproduce {expected} (the last move reported {got or 'nothing'})")
     return 0
+
+
+def _ends(result: Result) -> dict[str, int]:
+    checked, undecided = result.ends
+    return {"checked": checked, "undecided": undecided}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -404,6 +417,7 @@ def _main(args: list[str]) -> int:
             "depth": result.depth,
             "sec": round(result.seconds, 3),
             "complete": complete,
+            "random_ends": None if ns.mode == "exhaustive" else _ends(result),
             "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         }
         print(json.dumps(doc, sort_keys=True))
@@ -426,8 +440,9 @@ def _main(args: list[str]) -> int:
                 f"BOUND REACHED: --max-states={params['max_states']} stopped the search before "
                 "it was exhaustive; no violation in the explored part"
             )
-        if ns.mode == "exhaustive" and not ns.no_symmetry:
-            pass
+        if ns.mode == "random":
+            ends = _ends(result)
+            print(f"{CALLS_END}: walk ends checked={ends['checked']} undecided={ends['undecided']}")
         print(summary_line(result, complete=complete))
     if result.violation is not None:
         return 1

@@ -5,6 +5,11 @@ Each visited class keeps a parent pointer (fingerprint of the parent, move), and
 explored member of each class is exactly the world reached by applying the recorded
 moves to the initial world, so a counterexample is a list of concrete moves that
 :func:`replay` re-executes without any canonicalisation.
+
+After an exhaustive search two graph properties are decided: ``livelock`` (a cycle of
+moves that never advance time) and ``calls_end_as_specified`` (a world from which no
+acceptable world is reachable without further faults, see :class:`_CallsEnd`). Random
+mode judges the end of every walk (:func:`_check_end`).
 """
 
 from __future__ import annotations
@@ -16,7 +21,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from model_check.canon import Canon, plain_fingerprint
-from model_check.model import ModelConfig, Move, Outcome, Violation, World, apply, enabled
+from model_check.model import (
+    CALLS_END,
+    ENDED_WRONGLY,
+    FAULT_KINDS,
+    ModelConfig,
+    Move,
+    Outcome,
+    Violation,
+    World,
+    apply,
+    enabled,
+    unfinished_calls,
+)
 from model_check.model import initial_world as make_initial
 
 ProgressFn = Callable[[dict[str, float]], None]
@@ -37,6 +54,10 @@ class Result:
     episodes: int = 0
     fingerprints: set[bytes] | None = None
     """Every unique fingerprint (kept only when asked, for tests)."""
+    ends: tuple[int, int] = (0, 0)
+    """Random mode, general liveness property: walks whose end was decided (a world where
+    nothing can move, or a cut-off walk settled by its continuation without faults), and
+    walks whose continuation did not settle within :data:`SETTLE_MOVES` (undecided)."""
 
 
 def explore(
@@ -69,13 +90,19 @@ def explore(
     seen_violations: set[str] = set()
     timeless: dict[bytes, list[bytes]] = {}
     """Edges of moves that do not advance time (for the livelock check)."""
+    calm = _CallsEnd()
+    """The graph of moves that inject no fault (for the general liveness property)."""
     while queue:
         world, fp, depth = queue.popleft()
         result.depth = max(result.depth, depth)
+        calm.add_world(fp, world, cfg)
         for move in enabled(world, cfg):
             out = apply(world, move, cfg)
             result.states += 1
+            calm_edge = move.kind not in _FAULT_MOVES
             if out.violations:
+                if calm_edge:
+                    calm.add_edge(fp, None)
                 path = [*_path(parents, fp), move]
                 for v in out.violations:
                     if v.name in seen_violations:
@@ -89,6 +116,8 @@ def explore(
                     return _finish(result, start, canon, parents, keep_fingerprints)
                 continue
             child = fp_of(out.world)
+            if calm_edge:
+                calm.add_edge(fp, child)
             if move.kind != "tick":
                 timeless.setdefault(fp, []).append(child)
             if child in parents:
@@ -126,7 +155,92 @@ def explore(
                 violations_out.append((v, _path(parents, entry)))
             if result.violation is None:
                 result.violation, result.path = v, _path(parents, entry)
+        doomed = calm.doomed(parents)
+        if doomed is not None:
+            target, problems = doomed
+            v = calls_end_violation(problems)
+            if violations_out is not None:
+                violations_out.append((v, _path(parents, target)))
+            if result.violation is None:
+                result.violation, result.path = v, _path(parents, target)
     return _finish(result, start, canon, parents, keep_fingerprints)
+
+
+_FAULT_MOVES = frozenset(
+    {*FAULT_KINDS, "cas_unknown_applied", "cas_unknown_lost"} - {"cas_unknown"}
+)
+"""Move kinds that inject a fault."""
+
+
+def calls_end_violation(problems: list[str]) -> Violation:
+    return Violation(
+        CALLS_END,
+        "with no (further) faults, every continuation from here (all moves fair, time "
+        "advancing when nobody can move) stays in worlds where some call has not ended "
+        "as specified: " + "; ".join(problems),
+    )
+
+
+class _CallsEnd:
+    """The general liveness property, after the last fault.
+
+    A world is *acceptable* when :func:`unfinished_calls` finds nothing wrong in it. A
+    world (reached with or without faults) is *doomed* when no sequence of moves that
+    inject no fault leads from it to an acceptable world: every fair continuation without
+    further faults ends (in a bottom strongly connected component of the finite graph)
+    among unacceptable worlds, so some call never ends as specified. A move that raised a
+    safety violation counts as an escape (that run is reported by its own property).
+    """
+
+    def __init__(self) -> None:
+        self.reverse: dict[bytes, list[bytes]] = {}
+        self.problems: dict[bytes, list[str]] = {}
+        self.quiet: set[bytes] = set()
+        """Worlds where only time can pass."""
+        self.lasting: set[bytes] = set()
+        """Worlds with a problem that can never go away (a call ended wrongly)."""
+        self.good: list[bytes] = [b""]  # b"" stands for "a safety violation ended the run"
+        self.seen: set[bytes] = set()
+
+    def add_world(self, fp: bytes, world: World, cfg: ModelConfig) -> None:
+        if fp in self.seen:
+            return
+        self.seen.add(fp)
+        problems = unfinished_calls(world, cfg)
+        if problems:
+            self.problems[fp] = problems
+            if any(p.startswith(ENDED_WRONGLY) for p in problems):
+                self.lasting.add(fp)
+            if all(m.kind == "tick" for m in enabled(world, cfg)):
+                self.quiet.add(fp)
+        else:
+            self.good.append(fp)
+
+    def add_edge(self, parent: bytes, child: bytes | None) -> None:
+        self.reverse.setdefault(b"" if child is None else child, []).append(parent)
+
+    def doomed(
+        self, parents: dict[bytes, tuple[bytes, Move] | None]
+    ) -> tuple[bytes, list[str]] | None:
+        """A doomed world and its problems (None if there is none): the one with the
+        shortest path among those where a call ended wrongly (visible at once), else
+        among those where only time can pass (the stuck call is plain to see), else
+        among all doomed worlds."""
+        alive: set[bytes] = set(self.good)
+        stack = list(self.good)
+        while stack:  # bounded: every world is pushed at most once
+            node = stack.pop()
+            for parent in self.reverse.get(node, ()):
+                if parent not in alive:
+                    alive.add(parent)
+                    stack.append(parent)
+        bad = [fp for fp in self.problems if fp not in alive]
+        if not bad:
+            return None
+        lasting = [fp for fp in bad if fp in self.lasting]
+        quiet = [fp for fp in bad if fp in self.quiet]
+        pick = min(lasting or quiet or bad, key=lambda fp: (len(_path(parents, fp)), fp))
+        return pick, self.problems[pick]
 
 
 def _cycle_entry(edges: dict[bytes, list[bytes]]) -> bytes | None:
@@ -197,9 +311,12 @@ def simulate(
     path: list[Move] = []
     result.episodes = 1
     last_report = start
+    ends = [0, 0]
     for _ in range(steps):
         moves = enabled(world, cfg)
         if not moves:
+            if _check_end(world, path, cfg, result, ends, steps):
+                break
             world, path = make_initial(cfg), []
             result.episodes += 1
             continue
@@ -225,9 +342,121 @@ def simulate(
                     "states/s": result.states / max(now - start, 1e-9),
                 }
             )
+    else:
+        _check_end(world, path, cfg, result, ends, steps)
+    result.ends = (ends[0], ends[1])
     result.unique = len(seen)
     result.seconds = time.monotonic() - start
     return result
+
+
+SETTLE_MOVES = 2000
+"""Moves of continuation (without faults) tried at the end of a cut-off random walk (at most
+``--steps`` of the walk, so the check at most doubles a walk's cost)."""
+
+_SETTLE_KINDS = ("io", "wake", "start", "tick")
+"""Moves of the continuation, in order of preference: serve processes before starting
+new ones, and let time pass only when nobody can move (no shutdown: a close would end
+every call legitimately and hide a stuck one)."""
+
+
+def _check_end(
+    world: World,
+    path: list[Move],
+    cfg: ModelConfig,
+    result: Result,
+    ends: list[int],
+    steps: int,
+) -> bool:
+    """The general liveness property at the end of a random walk; True on a violation.
+
+    A world where nothing can move is checked as it is. A walk cut off by ``--steps`` is
+    continued without further faults by a fair round-robin scheduler (every process served in
+    turn, time advancing only when nobody can move) until it reaches an acceptable world,
+    a world where nothing can move, a world it has already visited (then
+    :func:`doomed_from` decides) or ``min(SETTLE_MOVES, steps)`` moves (then undecided).
+    """
+    extra: list[Move] = []
+    turn = 0
+    ticked = False
+    visited: set[tuple[bytes, int]] = set()
+    """Worlds right after a tick (a cycle of the continuation passes one, unless it is a
+    livelock, which then runs into the bound)."""
+    limit = min(SETTLE_MOVES, max(steps, 1))
+    for _ in range(limit + 1):  # bounded by limit
+        problems = unfinished_calls(world, cfg)
+        if not problems:
+            ends[0] += 1
+            return False
+        key = (plain_fingerprint(world, cfg), turn) if not extra or ticked else None
+        if key is not None and key in visited:
+            # The continuation cycles among unacceptable worlds: decide exactly (bounded).
+            problems_here = doomed_from(world, cfg)
+            if problems_here is None:
+                ends[1] += 1  # an acceptable world is reachable, or the bound was hit
+                return False
+            ends[0] += 1
+            result.violation = calls_end_violation(problems_here)
+            result.path = [*path, *extra]
+            return True
+        if key is not None:
+            visited.add(key)
+        moves = [m for m in enabled(world, cfg) if m.kind in _SETTLE_KINDS]
+        if not moves:
+            ends[0] += 1
+            result.violation = calls_end_violation(problems)
+            result.path = [*path, *extra]
+            return True
+        if len(extra) == limit:
+            break
+        move = _round_robin(moves, turn, len(world.procs))
+        turn = move.slot + 1
+        out = apply(world, move, cfg)
+        extra.append(move)
+        if out.violations:
+            result.violation, result.path = out.violations[0], [*path, *extra]
+            return True
+        world = out.world
+        ticked = move.kind == "tick"
+    ends[1] += 1
+    return False
+
+
+def _round_robin(moves: list[Move], turn: int, nodes: int) -> Move:
+    """The first process move at or after slot ``turn`` (wrapping), preferring io and wake
+    over start; a tick only if nothing else is enabled."""
+    for kinds in (("io", "wake"), ("start",)):
+        picks = [m for m in moves if m.kind in kinds]
+        if picks:
+            return min(picks, key=lambda m: (m.slot - turn) % nodes)
+    return moves[0]
+
+
+def doomed_from(world: World, cfg: ModelConfig) -> list[str] | None:
+    """The problems of ``world`` if no sequence of moves that inject no fault leads from
+    it to a world acceptable for the general liveness property (searched over at most
+    :data:`LIVELOCK_REPLAY_LIMIT` worlds; None if one is found or the bound is hit)."""
+    canon = Canon(cfg)
+    problems = unfinished_calls(world, cfg)
+    if not problems:
+        return None
+    seen = {canon.fingerprint(world)}
+    queue: deque[World] = deque([world])
+    while queue:
+        if len(seen) > LIVELOCK_REPLAY_LIMIT:
+            return None
+        current = queue.popleft()
+        for move in enabled(current, cfg):
+            if move.kind in _FAULT_MOVES:
+                continue
+            out = apply(current, move, cfg)
+            if out.violations or not unfinished_calls(out.world, cfg):
+                return None
+            child = canon.fingerprint(out.world)
+            if child not in seen:
+                seen.add(child)
+                queue.append(out.world)
+    return problems
 
 
 def replay(cfg: ModelConfig, moves: list[Move]) -> tuple[list[tuple[Move, Outcome]], World]:

@@ -41,6 +41,7 @@ from spec import (
     Config,
     Done,
     Fail,
+    FailKind,
     IoFailed,
     Local,
     NodeId,
@@ -434,7 +435,16 @@ class _Run:
             self.note(f"{p.ident}: {request.op.value} failed: {kind}")
         if p.pc is Pc.RDZV:
             if failed:
-                self.set(slot, pc=Pc.ENDED, outcome=f"next_rendezvous raised {kind}")
+                outcome = f"next_rendezvous raised {kind}"
+                view = p.local.view
+                if isinstance(request, Fail) and request.kind is FailKind.TIMEOUT:
+                    if view.complete and not view.is_participant(p.ident):
+                        # It timed out standing by for a complete round (after
+                        # withdrawing from the wait list): it waited as a late node.
+                        outcome = LATE_TIMEOUT
+                    elif self.available(slot) < self.cfg.min_nodes:
+                        outcome = FEW_TIMEOUT
+                self.set(slot, pc=Pc.ENDED, outcome=outcome)
                 return None
             if request.op is Op.EXIT:
                 # The join op shares next_rendezvous's deadline, kept in local.deadline.
@@ -466,6 +476,22 @@ class _Run:
             self.set(slot, pc=Pc.ENDED, outcome=outcome)
             return None
         raise AssertionError(f"op ended in workload position {p.pc.name}")
+
+    def available(self, slot: int) -> int:
+        """How many processes (``slot`` included) were calling next_rendezvous before
+        ``slot``'s call passed its deadline and still are.
+
+        A call started ``join_ticks`` before its deadline (kept in ``local.deadline``,
+        relative to now like every time in a world); another call counts if it started
+        no later than this call's deadline.
+        """
+        p = self.procs[slot]
+        span = self.cfg.join_ticks * self.cfg.tick_ms
+        return 1 + sum(
+            1
+            for i, q in enumerate(self.procs)
+            if i != slot and q.pc is Pc.RDZV and q.local.deadline - span <= p.local.deadline
+        )
 
     def set(self, slot: int, **changes: object) -> None:
         self.procs[slot] = replace(self.procs[slot], **changes)  # type: ignore[arg-type]
@@ -583,6 +609,76 @@ class _Run:
 
 def _describe(state: RendezvousState) -> str:
     return state.describe()
+
+
+# -- the general liveness property ---------------------------------------------------------
+LATE_TIMEOUT = "next_rendezvous raised timeout while waiting as a late node"
+"""The outcome of a call that stood by for a complete round until its deadline."""
+
+FEW_TIMEOUT = "next_rendezvous raised timeout with fewer than min_nodes available"
+"""The outcome of a call that timed out while fewer than min_nodes processes (itself
+included) were inside next_rendezvous having started no later than its deadline
+(:meth:`_Run.available`)."""
+
+CLOSED_OUTCOMES = frozenset(
+    {
+        "shut down",
+        "saw the rendezvous closed",
+        f"next_rendezvous raised {FailKind.CLOSED.value}",
+        f"next_rendezvous raised {FailKind.GRACEFUL_EXIT.value}",
+    }
+)
+"""How a process may end once the rendezvous is closed."""
+
+FAULT_ERRORS = (f"raised {FailKind.CONNECTION.value}", f"raised {FailKind.CORRUPT_STATE.value}")
+"""How an operation ends when an injected fault hits it (acceptable once a fault happened)."""
+
+CALLS_END = "calls_end_as_specified"
+ENDED_WRONGLY = "ended wrongly: "
+"""Prefix of a problem that no later move can undo (an ended process stays ended)."""
+
+
+def unfinished_calls(world: World, cfg: ModelConfig) -> list[str]:
+    """Why ``world`` is not an acceptable end of a run (empty if it is).
+
+    Acceptable: every process's ``next_rendezvous`` call returned (it is a member), is
+    legitimately standing by (listed on the wait or redundancy list of a complete round),
+    or ended as the spec prescribes: closed / graceful exit / shut down once the
+    rendezvous is closed, a timeout while waiting as a late node (:data:`LATE_TIMEOUT`), or
+    a timeout while fewer than min_nodes processes were available (:data:`FEW_TIMEOUT`).
+    Once the rendezvous is closed, no process may still be running (every call must have
+    ended with the closed outcome). Not started and crashed processes are not judged, and
+    once a fault was injected an operation may also have ended with the fault's error
+    (:data:`FAULT_ERRORS`).
+    """
+    stored = store_state(world)
+    problems: list[str] = []
+    for p in world.procs:
+        if p.pc is Pc.ENDED:
+            if p.outcome in CLOSED_OUTCOMES:
+                continue
+            if p.outcome in (LATE_TIMEOUT, FEW_TIMEOUT):
+                continue
+            if world.faults_used and p.outcome.endswith(FAULT_ERRORS):
+                continue  # the error of an injected fault (the store was down, ...)
+            problems.append(f"{ENDED_WRONGLY}{p.ident} [{p.outcome}]")
+        elif p.pc in (Pc.NEW, Pc.CRASHED):
+            continue
+        elif stored.closed:
+            problems.append(
+                f"{p.ident} is still {p.pc.name.lower()} although the rendezvous is closed"
+            )
+        elif p.pc is Pc.RDZV:
+            standing_by = stored.complete and (
+                p.ident in stored.wait_list or p.ident in stored.redundancy_list
+            )
+            if not standing_by:
+                problems.append(
+                    f"{p.ident}'s next_rendezvous is pending (round {stored.round}, "
+                    f"{'complete' if stored.complete else 'open'}) without standing by as "
+                    "a late node"
+                )
+    return problems
 
 
 # -- time -----------------------------------------------------------------------------------

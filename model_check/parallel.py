@@ -29,6 +29,7 @@ def random_worker(job: tuple[list[str], int, int, int]) -> dict[str, Any]:
         "unique": r.unique,
         "depth": r.depth,
         "episodes": r.episodes,
+        "ends": list(r.ends),
         "violation": None if r.violation is None else [r.violation.name, r.violation.message],
         "moves": [[m.kind, m.slot] for m in r.path],
     }
@@ -49,6 +50,7 @@ def run_random(steps: int, workers: int, seed: int, argv: list[str]) -> Result:
         merged.unique += o["unique"]
         merged.depth = max(merged.depth, o["depth"])
         merged.episodes += o["episodes"]
+        merged.ends = (merged.ends[0] + o["ends"][0], merged.ends[1] + o["ends"][1])
         if merged.violation is None and o["violation"] is not None:
             merged.violation = Violation(*o["violation"])
             merged.path = [Move(k, s) for k, s in o["moves"]]

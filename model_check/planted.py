@@ -113,6 +113,59 @@ BUSY_KEEP_ALIVE = UPSTREAM.derive(
     },
 )
 
+
+def _join_row_index(action: Action) -> int:
+    for index, r in enumerate(UPSTREAM.table(Op.JOIN).rows):
+        if r.then is action:
+            return index
+    raise LookupError(f"upstream's join table has no {action.value} row")
+
+
+NEVER_FINISHES = UPSTREAM.derive(
+    "planted-never-finishes",
+    description=(
+        "a participant of a complete round keeps its heartbeat and waits instead of "
+        "finishing: no next_rendezvous call ever returns, nor times out"
+    ),
+    insert={
+        (Op.JOIN, _join_row_index(Action.FINISH)): row(
+            Atom.COMPLETE,
+            Atom.PARTICIPANT,
+            Atom.HEARTBEAT_DUE,
+            then=Action.KEEP_ALIVE,
+            why="planted: stays alive in a complete round",
+        ),
+    },
+    rows={
+        (Op.JOIN, _join_row_index(Action.FINISH)): row(
+            Atom.COMPLETE,
+            Atom.PARTICIPANT,
+            then=Action.SYNC,
+            why="planted: waits for a round that is already complete",
+        ),
+    },
+)
+
+NEVER_JOINS = UPSTREAM.derive(
+    "planted-never-joins",
+    description=(
+        "the join row that adds a node to an open round is deleted: nobody ever becomes a "
+        "participant, every call times out although enough nodes are calling"
+    ),
+    rows={(Op.JOIN, _join_row_index(Action.ADD_TO_PARTICIPANTS)): None},
+)
+
 PLANTED: Mapping[str, Variant] = MappingProxyType(
-    {v.name: v for v in (IGNORES_MIN, NO_SIZE_GUARD, REVERSED_RANKS, NO_EPILOGUE, BUSY_KEEP_ALIVE)}
+    {
+        v.name: v
+        for v in (
+            IGNORES_MIN,
+            NO_SIZE_GUARD,
+            REVERSED_RANKS,
+            NO_EPILOGUE,
+            BUSY_KEEP_ALIVE,
+            NEVER_FINISHES,
+            NEVER_JOINS,
+        )
+    }
 )
