@@ -102,9 +102,23 @@ def _proc_enc(
     local = p.local
     r = p.returned
     returned = None if r is None else (r.round, r.world_size, r.rank if ranks else None)
-    head = (str(lab[p.ident]), int(p.pc), p.skew, returned, p.outcome, p.beating, p.late)
+    head: tuple[object, ...] = (
+        str(lab[p.ident]),
+        int(p.pc),
+        p.skew,
+        returned,
+        p.outcome,
+        p.beating,
+        p.late,
+        p.stood_by,
+    )
     if p.pc in (Pc.CRASHED, Pc.ENDED):
         return head
+    if local.seen_beats or local.seen_last_call is not None:
+        # The local liveness clock (hardened): what this node has seen and since when
+        # outlives any one read, so it is part of the world whether or not the view is.
+        seen = tuple(sorted((str(lab[n]), v, t) for n, v, t in local.seen_beats))
+        head = (*head, seen, local.seen_last_call)
     if not keep_view:
         token = local.token if local.phase is Phase.WAITING else None
         return (
@@ -192,6 +206,7 @@ class Canon:
             ids.add(p.ident)
             if k:
                 _collect(p.local.view, ids)
+            ids.update(n for n, _, _ in p.local.seen_beats)
         if store is not None:
             _collect(store, ids)
         empty = RendezvousState()

@@ -188,6 +188,9 @@ class Proc:
     """This incarnation has written a state that holds its own heartbeat."""
     late: bool = False
     """May start after time advanced (does not hold time back while unstarted)."""
+    stood_by: bool = False
+    """Its current join withdrew from the wait list at the deadline: it waited as a late
+    node for a round that stayed complete (and full of others) until then."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,7 +388,11 @@ class _Run:
                 "join or advance it (the round epilogue did not run)",
             )
         self.store = data
-        if after.heartbeat_of(self.procs[slot].ident) is not None and not self.procs[slot].beating:
+        # "Keeping its heartbeat" means the writer's own heartbeat reached the store fresh
+        # (a write that merely carries an old value does not count).
+        me = self.procs[slot].ident
+        mine = after.heartbeat_of(me)
+        if mine is not None and mine != before.heartbeat_of(me) and not self.procs[slot].beating:
             self.procs[slot] = replace(self.procs[slot], beating=True)
         # Every token other processes hold is now stale (the writer gets its CasResult).
         for i, q in enumerate(self.procs):
@@ -438,7 +445,7 @@ class _Run:
                 outcome = f"next_rendezvous raised {kind}"
                 view = p.local.view
                 if isinstance(request, Fail) and request.kind is FailKind.TIMEOUT:
-                    if view.complete and not view.is_participant(p.ident):
+                    if p.stood_by or (view.complete and not view.is_participant(p.ident)):
                         # It timed out standing by for a complete round (after
                         # withdrawing from the wait list): it waited as a late node.
                         outcome = LATE_TIMEOUT
@@ -467,7 +474,7 @@ class _Run:
                 return None
             if view.wait_list and view.round + 1 < self.cfg.max_rounds:
                 self.note(f"{p.ident}: num_nodes_waiting={len(view.wait_list)}: re-rendezvous")
-                self.set(slot, pc=Pc.RDZV)
+                self.set(slot, pc=Pc.RDZV, stood_by=False)
                 return StartOp(Op.EXIT, now.mono + self.cfg.join_ticks * t, now)
             self.set(slot, pc=Pc.MEMBER)
             return None
@@ -513,6 +520,8 @@ class _Run:
         """Weakness 3 (bounded liveness): a node that joined while the last call was
         already running times out before that last call ends, with a quorum present."""
         p = self.procs[slot]
+        if action is Action.REMOVE_FROM_WAIT_LIST and op is Op.JOIN and not p.stood_by:
+            self.procs[slot] = p = replace(p, stood_by=True)
         if action is not Action.REMOVE_FROM_PARTICIPANTS or op is not Op.JOIN:
             return
         if self.faults_before:
@@ -719,11 +728,38 @@ def _tick(run: _Run) -> None:
 
     if run.store is not None:
         run.store = encode_cached(shift(decode_cached(run.store)))
+    settings = cfg.settings
+    floor_beat = lo_wall - settings.heartbeat_expiry - t
     for slot, p in enumerate(run.procs):
         local = p.local
         deadline = max(local.deadline - t, -rollback - t)
+        # A read older than one tick is never fresh again (a tick outlasts the cache).
+        synced = local.synced_at
+        if synced is not None and synced - t < -settings.cache_duration:
+            synced = None
+        # The local liveness clock: shift the seen values exactly as the stored ones
+        # (so equality with the store is preserved) and the first-seen times like every
+        # monotonic time, capped once past the threshold they are compared with.
+        seen_beats = tuple(
+            (n, max(v - t, floor_beat), max(at - t, -settings.heartbeat_expiry - t))
+            for n, v, at in local.seen_beats
+        )
+        seen_call = local.seen_last_call
+        if seen_call is not None:
+            seen_call = (
+                max(seen_call[0] - t, lo_wall - t),
+                max(seen_call[1] - t, -settings.last_call_timeout - t),
+            )
         run.procs[slot] = replace(
-            p, local=replace(local, view=shift(local.view), deadline=deadline)
+            p,
+            local=replace(
+                local,
+                view=shift(local.view),
+                deadline=deadline,
+                synced_at=synced,
+                seen_beats=seen_beats,
+                seen_last_call=seen_call,
+            ),
         )
     for slot, p in enumerate(run.procs):
         now = run.now(p)
@@ -753,7 +789,7 @@ def apply(world: World, move: Move, cfg: ModelConfig) -> Outcome:
             run.serve_io(slot)
     elif kind == "start":
         p = run.procs[slot]
-        run.set(slot, pc=Pc.RDZV)
+        run.set(slot, pc=Pc.RDZV, stood_by=False)
         run.note(f"{p.ident}: calls next_rendezvous")
         run.feed(slot, StartOp(Op.EXIT, cfg.join_ticks * t, run.now(p)))
     elif kind == "shutdown":
@@ -783,11 +819,16 @@ def apply(world: World, move: Move, cfg: ModelConfig) -> Outcome:
             current = None if run.store is None else 1
             if p.local.token == current or cfg.cas_ignores_token:
                 run.write(slot, encode_cached(p.local.view))
+        else:
+            # The write was lost: this node's heartbeat may now go stale through an injected
+            # fault, so its expiry is no longer a live node wrongly evicted.
+            run.procs[slot] = replace(p, beating=False)
         run.note(f"{p.ident}: compare-and-set outcome unknown ({kind.rsplit('_', 1)[1]})")
         run.feed(slot, IoFailed("compare-and-set outcome unknown", run.now(p)))
     elif kind == "store_down":
         run.used[4] += 1
-        p = run.procs[slot]
+        p = replace(run.procs[slot], beating=False)  # as for a lost write, above
+        run.procs[slot] = p
         run.note(f"{p.ident}: the store is unreachable")
         run.feed(slot, IoFailed("store unreachable", run.now(p)))
     else:

@@ -64,12 +64,23 @@ def _summary(stdout: str) -> dict[str, str]:
 # -- golden numbers, independent of the hash seed ------------------------------------------
 LATE3 = ["--nodes", "3", "--min-nodes", "2", "--max-nodes", "3", "--late-starts"]
 GOLDEN = [
-    (["--nodes", "2"], 43, 31, 12, 0),
-    (["--nodes", "3", "--min-nodes", "2", "--max-nodes", "3"], 138, 78, 19, 0),
+    (["--nodes", "2"], 40, 29, 12, 0),
+    (["--nodes", "3", "--min-nodes", "2", "--max-nodes", "3"], 126, 72, 18, 0),
     # Upstream's late-arrival race (docs/model_checker.md): calls_end_as_specified, found
     # after the whole space was searched, so the counts are those of the full space.
-    (LATE3, 3883, 2059, 39, 1),
-    ([*LATE3, "--protocol", "hardened"], 5046, 2600, 42, 0),
+    (LATE3, 3796, 2012, 38, 1),
+    # hardened: its local liveness clock (first-seen times of heartbeats and the last
+    # call) is part of every world, and it is searched without symmetry reduction.
+    (
+        [
+            *("--nodes", "2", "--min-nodes", "2", "--max-nodes", "3"),
+            *("--join-timeout", "1", "--last-call", "2", "--protocol", "hardened"),
+        ],
+        159,
+        116,
+        23,
+        0,
+    ),
 ]
 
 
@@ -347,6 +358,18 @@ SYMMETRY_CASES = [
     _cfg(nodes=4, min_nodes=3, max_nodes=4),
     _cfg(nodes=3, min_nodes=2, max_nodes=2, skew_ticks=4),
 ]
+
+
+def test_variants_with_the_local_liveness_clock_are_searched_without_symmetry(
+    tmp_path: Path,
+) -> None:
+    # The reduction is not yet exact for what each node has seen and since when (a reduced
+    # hardened search misses worlds an unreduced one finds), so the CLI turns it off.
+    proc = _cli(["--nodes", "2", "--protocol", "hardened"], "0", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "symmetry=off(not-exact-for-local-liveness-clock)" in proc.stdout.splitlines()[0]
+    upstream = _cli(["--nodes", "2"], "0", tmp_path)
+    assert " symmetry=on " in upstream.stdout.splitlines()[0]
 
 
 @pytest.mark.parametrize("cfg", SYMMETRY_CASES)
