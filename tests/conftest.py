@@ -26,7 +26,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import Any, TypeVar  # noqa: E402
 
 import pytest  # noqa: E402
 from servers import Certs, EtcdServer, RedisServer, TcpProxy, make_certs  # noqa: E402
@@ -60,14 +60,16 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     return make_certs(tmp_path_factory.mktemp("certs"))
 
 
-@pytest.fixture
-def start_redis(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
-    """``start_redis(persistent=..., password=..., certs=...)`` starts a private server;
-    every server started is stopped after the test."""
-    started: list[RedisServer] = []
+_Server = TypeVar("_Server", RedisServer, EtcdServer)
 
-    def start(**options: Any) -> RedisServer:
-        server = RedisServer(tmp_path / f"redis{len(started)}", **options)
+
+def _starter(kind: type[_Server], workdir: Path, stem: str) -> Iterator[Callable[..., _Server]]:
+    """Yield ``start(**options)``, which starts a private server in its own directory
+    under ``workdir``; every server started is stopped afterwards."""
+    started: list[_Server] = []
+
+    def start(**options: Any) -> _Server:
+        server = kind(workdir / f"{stem}{len(started)}", **options)
         started.append(server)
         return server.start()
 
@@ -76,23 +78,19 @@ def start_redis(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
     finally:
         for server in started:
             server.stop()
+
+
+@pytest.fixture
+def start_redis(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
+    """``start_redis(persistent=..., password=..., certs=...)`` starts a private server;
+    every server started is stopped after the test."""
+    yield from _starter(RedisServer, tmp_path, "redis")
 
 
 @pytest.fixture
 def start_etcd(tmp_path: Path) -> Iterator[Callable[..., EtcdServer]]:
     """``start_etcd(certs=...)`` starts a private etcd; stopped after the test."""
-    started: list[EtcdServer] = []
-
-    def start(**options: Any) -> EtcdServer:
-        server = EtcdServer(tmp_path / f"etcd{len(started)}", **options)
-        started.append(server)
-        return server.start()
-
-    try:
-        yield start
-    finally:
-        for server in started:
-            server.stop()
+    yield from _starter(EtcdServer, tmp_path, "etcd")
 
 
 @pytest.fixture
