@@ -678,6 +678,15 @@ def step_completion_assigns_ranks(w: World, b: SymState, a: SymState, st: SymSet
     )
 
 
+def step_complete_membership_frozen(w: World, b: SymState, a: SymState, st: SymSettings) -> Z:
+    z3 = w.z3
+    same_round = z3.And(b.complete, a.complete, a.round == b.round)
+    only_leave = w.forall(
+        lambda x: z3.Implies(a.participants[x], z3.And(b.participants[x], a.ranks[x] == b.ranks[x]))
+    )
+    return z3.Implies(same_round, only_leave)
+
+
 SYMBOLIC_STATE_INVARIANTS: Mapping[str, SymStateInv] = {
     "lists_disjoint": inv_lists_disjoint,
     "participants_within_max": inv_participants_within_max,
@@ -691,6 +700,7 @@ SYMBOLIC_STEP_INVARIANTS: Mapping[str, SymStepInv] = {
     "closed_is_absorbing": step_closed_is_absorbing,
     "round_never_decreases": step_round_never_decreases,
     "completion_assigns_ranks": step_completion_assigns_ranks,
+    "complete_membership_frozen": step_complete_membership_frozen,
 }
 """Each step invariant of spec/invariants.py, by name."""
 

@@ -146,6 +146,19 @@ def _completion_assigns_ranks(
     return None
 
 
+def _complete_membership_frozen(b: RendezvousState, a: RendezvousState, _: Settings) -> str | None:
+    if not (b.complete and a.complete and a.round == b.round):
+        return None
+    before = dict(b.participants)
+    for node, rank in a.participants:
+        if node not in before:
+            return f"{node} was added to round {a.round} after it completed"
+        if before[node] != rank:
+            old = before[node]
+            return f"{node}'s rank in complete round {a.round} changed from {old} to {rank}"
+    return None
+
+
 STEP_INVARIANTS: tuple[StepInvariant, ...] = (
     StepInvariant(
         "closed_is_absorbing", "once closed, the rendezvous stays closed", _closed_is_absorbing
@@ -157,6 +170,11 @@ STEP_INVARIANTS: tuple[StepInvariant, ...] = (
         "completion_assigns_ranks",
         "a round completes with ranks 0..W-1 in sorted node order and min <= W <= max",
         _completion_assigns_ranks,
+    ),
+    StepInvariant(
+        "complete_membership_frozen",
+        "a complete round only loses members: none joins it and no rank changes",
+        _complete_membership_frozen,
     ),
 )
 

@@ -30,7 +30,13 @@ from typing import Any
 
 import pytest
 from servers import EtcdServer, RedisServer, TcpProxy
-from test_handler_processes import PROCESS_JOIN, _check_round, _wait_for_file, _worker
+from test_handler_processes import (
+    PROCESS_JOIN,
+    ROUND_FILES,
+    _check_round,
+    _wait_for_file,
+    _worker,
+)
 
 from rdzv import (
     RendezvousConnectionError,
@@ -63,10 +69,11 @@ class StoreCluster:
         self.config = {"join_timeout": "60", "cache_duration": "0", **config}
         self.procs: dict[int, multiprocessing.process.BaseProcess] = {}
 
-    def start(self, indices: list[int]) -> None:
+    def start(self, indices: list[int], first: int = 0) -> None:
         ctx = multiprocessing.get_context("spawn")
         for i in indices:
-            args = (self.url, i, str(self.work), self.lo, self.hi, json.dumps(self.config))
+            config = json.dumps(self.config)
+            args = (self.url, i, str(self.work), self.lo, self.hi, config, first)
             proc = ctx.Process(target=_worker, args=args, daemon=True)
             self.procs[i] = proc
             proc.start()
@@ -85,7 +92,7 @@ class StoreCluster:
 
     def stop(self) -> None:
         (self.work / "stop").touch()
-        for k in range(10):
+        for k in range(ROUND_FILES):
             (self.work / f"go{k}").touch()
         for p in self.procs.values():
             p.join(PROCESS_JOIN)
@@ -192,14 +199,14 @@ def test_processes_join_die_and_join_late(backend: Backend, tmp_path: Path) -> N
 
         # A late process arrives while round 1 is complete: it waits, and joins the next
         # round together with the survivors.
-        (c.work / "go0").touch()  # the late worker's first round is everyone's round 2
-        c.start([8])
+        c.start([8], first=2)  # its first round is everyone's round 2
+        (c.work / "go2-8").touch()  # it calls next_rendezvous now, the others later
         end = time.monotonic() + PROCESS_JOIN
         while not decode(store.get("rdzv/job/state")).wait_list:  # bounded by PROCESS_JOIN
             assert time.monotonic() < end, "the late process never joined the wait list"
             store.wait_for_change("rdzv/job/state", store.get("rdzv/job/state"), MAX_WAIT)
-        assert not (c.work / "result-0-8.json").exists()  # it waits for the next round
-        third = [*c.round(2, list(range(7))), c.result(0, 8)]
+        assert not (c.work / "result-2-8.json").exists()  # it waits for the next round
+        third = c.round(2, [0, 1, 2, 3, 4, 5, 6, 8])
         print(json.dumps(third, indent=1))  # shown when the checks below fail
         _check_round(third, 8)
         assert {r["round"] for r in third} == {second[0]["round"] + 1}

@@ -24,27 +24,41 @@ PROCESS_JOIN = 60.0
 WORKER_POLL = 0.01
 """Real seconds between a worker's looks for its next command file."""
 
+ROUND_FILES = 20
+"""``stop`` touches ``go0`` .. ``go19``: past the last round any worker can reach."""
+
 pytestmark = pytest.mark.slow
 
 
-def _wait_for_file(path: Path, within: float) -> bool:
+def _wait_for_any(paths: tuple[Path, ...], within: float) -> bool:
     end = time.monotonic() + within
     while time.monotonic() < end:  # bounded by ``within``
-        if path.exists():
+        if any(path.exists() for path in paths):
             return True
         time.sleep(WORKER_POLL)
-    return path.exists()
+    return any(path.exists() for path in paths)
 
 
-def _worker(url: str, index: int, work: str, min_nodes: int, max_nodes: int, config: str) -> None:
+def _wait_for_file(path: Path, within: float) -> bool:
+    return _wait_for_any((path,), within)
+
+
+def _worker(
+    url: str, index: int, work: str, min_nodes: int, max_nodes: int, config: str, first: int = 0
+) -> None:
+    """Run rounds ``first``, ``first + 1``, ... on command: round ``k`` starts on the file
+    ``go<k>`` (everyone) or ``go<k>-<index>`` (this worker alone). A worker started late
+    passes the round it first takes part in, so the ``go`` files of earlier rounds (which
+    stay on disk) do not make it re-rendezvous at once."""
     from rdzv import RendezvousError, RendezvousParameters, create_handler
 
     folder = Path(work)
     params = RendezvousParameters("rdzv", url, "job", min_nodes, max_nodes, **json.loads(config))
     handler = create_handler(params)
     (folder / f"ready-{index}").write_text(str(handler.node))
-    for k in range(10):  # bounded: at most 10 rounds per worker
-        if not _wait_for_file(folder / f"go{k}", PROCESS_JOIN) or (folder / "stop").exists():
+    for k in range(first, first + 10):  # bounded: at most 10 rounds per worker
+        commands = (folder / f"go{k}", folder / f"go{k}-{index}")  # everyone's, or its own
+        if not _wait_for_any(commands, PROCESS_JOIN) or (folder / "stop").exists():
             break
         try:
             info = handler.next_rendezvous()
@@ -98,7 +112,7 @@ class Cluster:
 
     def stop(self) -> None:
         (self.work / "stop").touch()
-        for k in range(10):
+        for k in range(ROUND_FILES):
             (self.work / f"go{k}").touch()
         for p in self.procs:
             p.join(PROCESS_JOIN)

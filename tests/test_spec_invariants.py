@@ -169,6 +169,20 @@ STEP_VIOLATIONS = [
         "round 2 completed with ranks [1, 2] in sorted node order, not 0..1",
         id="next-round-completed-with-stale-ranks",
     ),
+    pytest.param(
+        "complete_membership_frozen",
+        VALID,
+        VALID.evolve(participants={A: 0, B: 1, C: 2}, wait_list=[]),
+        "n2_1_0 was added to round 1 after it completed",
+        id="joined-a-complete-round",
+    ),
+    pytest.param(
+        "complete_membership_frozen",
+        VALID,
+        VALID.evolve(participants={B: 0}, last_heartbeats={B: T, C: T, D: T}),
+        "rank in complete round 1 changed from 1 to 0",
+        id="rank-renumbered-in-a-complete-round",
+    ),
 ]
 
 
@@ -198,6 +212,11 @@ def test_every_step_invariant_has_a_violation_case() -> None:
 
 def test_unchanged_and_next_round_are_valid_steps() -> None:
     assert check_step(VALID, VALID, S) == []
+
+
+def test_a_member_may_leave_a_complete_round() -> None:
+    left = VALID.evolve(participants={A: 0}, last_heartbeats={A: T, C: T, D: T})
+    assert check_step(VALID, left, S) == []
     nxt = RendezvousState.build(round=2, wait_list=[C], last_heartbeats={C: T})
     assert check_step(VALID, nxt, S) == []
 
