@@ -183,10 +183,14 @@ def sample_contexts(variant: Variant) -> Iterator[Context]:
         OP_DEADLINE + variant.rollback_window + 1,
     )
     for settings in SAMPLE_SETTINGS:
+        # Announcing variants: not announced; announced and waiting; announced and due.
+        announcements: tuple[int | None, ...] = (None,)
+        if variant.announces:
+            announcements = (None, settings.min_nodes - 1, settings.max_nodes)
         for state in _states(settings):
             if check_state(state, settings):
                 continue
-            for mono in monos:
+            for mono, size in itertools.product(monos, announcements):
                 yield Context(
                     node=ME,
                     state=state,
@@ -195,6 +199,8 @@ def sample_contexts(variant: Variant) -> Iterator[Context]:
                     wall_now=WALL,
                     op_deadline=OP_DEADLINE,
                     rollback_window=variant.rollback_window,
+                    announce_size=None if size is None or size < 1 else size,
+                    announce_age=None if size is None or size < 1 else 0,
                 )
 
 
@@ -216,9 +222,14 @@ def _observe(variant: Variant) -> tuple[set[Edge], set[Edge]]:
             index = table.select(ctx)
             action = table.rows[index].then
             after = ctx.state
-            if action.mutates:
+            if action.folds:
+                # Sampled fold: the announcement set holds this node alone.
+                fold = variant.folds[action]
+                after = fold(ctx.state, ctx.node, (ctx.node,), ctx.settings, ctx.wall_now)
+            elif action.mutates:
                 effect = variant.effects[action]
                 after = effect(ctx.state, ctx.node, ctx.settings, ctx.wall_now)
+            if action.mutates:
                 shared.add(
                     Edge(
                         shared_phase(ctx.state).value,

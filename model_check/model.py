@@ -36,6 +36,9 @@ import spec
 from spec import (
     EMPTY_STATE,
     Action,
+    Announce,
+    Announced,
+    AnnouncedMembers,
     CasResult,
     CompareAndSet,
     Config,
@@ -49,6 +52,7 @@ from spec import (
     Op,
     Phase,
     Read,
+    ReadAnnounced,
     ReadResult,
     RendezvousState,
     Settings,
@@ -201,6 +205,8 @@ class World:
     """Faults spent, in the order of :data:`FAULT_KINDS`."""
     closes: int = 0
     """Shutdown calls made so far."""
+    announced: tuple[tuple[int, NodeId], ...] = ()
+    """The announcement sets (announcing variants): sorted (round, node) pairs."""
 
     @property
     def faults_used(self) -> int:
@@ -287,7 +293,7 @@ def _can_progress(world: World, p: Proc) -> bool:
     if p.pc in (Pc.NEW, Pc.MEMBER, Pc.ENDED, Pc.CRASHED):
         return False
     phase = p.local.phase
-    if phase in (Phase.READING, Phase.WRITING):
+    if phase in (Phase.READING, Phase.WRITING, Phase.ANNOUNCING, Phase.READING_ANNOUNCED):
         return True
     return phase is Phase.WAITING and p.local.token != _store_token(world)
 
@@ -341,13 +347,14 @@ class _Run:
         self.procs = list(world.procs)
         self.used = list(world.used)
         self.closes = world.closes
+        self.announced = world.announced
         self.faults_before = world.faults_used
         self.fuse_reads = cfg.fuse_reads
         self.notes: list[str] = []
         self.violations: list[Violation] = []
 
     def world(self) -> World:
-        return World(self.store, tuple(self.procs), tuple(self.used), self.closes)
+        return World(self.store, tuple(self.procs), tuple(self.used), self.closes, self.announced)
 
     def now(self, p: Proc) -> Now:
         return Now(0, p.skew * self.cfg.tick_ms)
@@ -366,6 +373,18 @@ class _Run:
         if local.phase is Phase.READING:
             token = None if self.store is None else 1
             self.feed(slot, ReadResult(self.store, token, now))
+            return
+        if local.phase is Phase.ANNOUNCING:
+            entry = (local.view.round, p.ident)
+            if entry not in self.announced:
+                self.announced = tuple(sorted((*self.announced, entry)))
+                self.note(f"announcements <- {p.ident} in round {local.view.round}")
+            size = sum(1 for r, _ in self.announced if r == local.view.round)
+            self.feed(slot, Announced(size, now))
+            return
+        if local.phase is Phase.READING_ANNOUNCED:
+            members = tuple(spec.encode_node(n) for r, n in self.announced if r == local.view.round)
+            self.feed(slot, AnnouncedMembers(members, now))
             return
         assert local.phase is Phase.WRITING
         request = CompareAndSet(self.mcfg.key, encode_cached(local.view), local.token)
@@ -423,7 +442,7 @@ class _Run:
                 # Macro-step: a read is fused with the local work that issued it.
                 event = ReadResult(self.store, None if self.store is None else 1, self.now(p))
                 continue
-            if isinstance(request, Read | CompareAndSet | Wait):
+            if isinstance(request, Read | CompareAndSet | Wait | Announce | ReadAnnounced):
                 return
             nxt = self.after_op(slot, request)
             if nxt is None:
@@ -744,6 +763,10 @@ def _tick(run: _Run) -> None:
             (n, max(v - t, floor_beat), max(at - t, -settings.heartbeat_expiry - t))
             for n, v, at in local.seen_beats
         )
+        announced = local.announced
+        if announced is not None:
+            at = max(announced[2] - t, -settings.keep_alive_interval - t)
+            announced = (announced[0], announced[1], at)
         seen_call = local.seen_last_call
         if seen_call is not None:
             seen_call = (
@@ -759,6 +782,7 @@ def _tick(run: _Run) -> None:
                 synced_at=synced,
                 seen_beats=seen_beats,
                 seen_last_call=seen_call,
+                announced=announced,
             ),
         )
     for slot, p in enumerate(run.procs):

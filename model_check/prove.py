@@ -164,6 +164,10 @@ class World:
 
     def set_of(self, body: Callable[[Z], Z]) -> Z:
         """The set ``{x | body(x)}`` as an array."""
+        return self.array_of(body)
+
+    def array_of(self, body: Callable[[Z], Z]) -> Z:
+        """The array ``x -> body(x)`` over nodes."""
         x = self.fresh("x", self.Node)
         return self.z3.Lambda([x], body(x))
 
@@ -367,6 +371,32 @@ class SymContext:
     rollback_window: Z
     last_call_age: Z | None = None
     """Local liveness clock only: how long this node has seen the last call."""
+    announce_size: Z | None = None
+    """Announcing variants only: the set size this node's announcement returned in the
+    current round (0: it has not announced in this round)."""
+    announce_age: Z | None = None
+    """Announcing variants only: time since this node announced."""
+
+
+def _announced(w: World, c: SymContext) -> Z:
+    if c.announce_size is None:
+        return w.z3.BoolVal(False)
+    return c.announce_size >= 1
+
+
+def _fold_due(w: World, c: SymContext) -> Z:
+    z3 = w.z3
+    if c.announce_size is None or c.announce_age is None:
+        return z3.BoolVal(False)
+    size, st, n = c.announce_size, c.settings, c.state.n_participants
+    return z3.And(
+        size >= 1,
+        z3.Or(
+            size >= st.max_nodes,
+            z3.And(size >= st.min_nodes, n < st.min_nodes),
+            c.announce_age > st.keep_alive_interval,
+        ),
+    )
 
 
 def _last_call_over(w: World, c: SymContext) -> Z:
@@ -394,6 +424,8 @@ ATOM_FORMULAS: Mapping[Atom, Callable[[World, SymContext], Z]] = {
         c.state.beating[c.node],
         c.state.beats[c.node] <= c.wall_now - c.settings.keep_alive_interval,
     ),
+    Atom.ANNOUNCED: _announced,
+    Atom.FOLD_DUE: _fold_due,
 }
 """Each atom's definition (``spec.tables.ATOM_PREDICATES``) as a formula."""
 
@@ -522,6 +554,54 @@ def s_mark_closed(w: World, s: SymState, me: Z, st: SymSettings, wall: Z) -> Sym
     return s.evolve(closed=w.z3.BoolVal(True))
 
 
+SymFold = Callable[[World, SymState, Z, Z, SymSettings, Z], SymState]
+
+
+def s_fold_announced(
+    w: World, s: SymState, me: Z, announced: Z, st: SymSettings, wall: Z
+) -> SymState:
+    """``spec.effects.fold_announced``: admit the announced nodes that are neither
+    participants nor redundant, in sorted order, while there is room below max."""
+    z3 = w.z3
+    candidates = w.set_of(
+        lambda x: z3.And(announced[x], z3.Not(s.participants[x]), z3.Not(s.redundant[x]))
+    )
+    m = w.fresh("candidates", z3.IntSort())
+    w.side.extend(w.card_facts(candidates, m))
+    order = w.positions(candidates, m)
+    room = st.max_nodes - s.n_participants
+    admitted = w.set_of(lambda x: z3.And(candidates[x], order[x] < room))
+    k = z3.If(room <= 0, 0, z3.If(m < room, m, room))
+    n = s.n_participants + k
+    crossed = z3.And(s.n_participants < st.min_nodes, n >= st.min_nodes)
+    new = s.evolve(
+        participants=w.set_of(lambda x: z3.Or(s.participants[x], admitted[x])),
+        n_participants=n,
+        ranks=w.array_of(lambda x: z3.If(admitted[x], 0, s.ranks[x])),
+        waiting=w.set_of(lambda x: z3.And(s.waiting[x], z3.Not(admitted[x]))),
+        beating=w.set_of(lambda x: z3.Or(s.beating[x], admitted[x])),
+        beats=w.array_of(lambda x: z3.If(admitted[x], wall, s.beats[x])),
+        has_deadline=z3.If(crossed, True, s.has_deadline),
+        deadline=z3.If(crossed, wall + st.last_call_timeout, s.deadline),
+    )
+    full = ite_state(w, n == st.max_nodes, s_mark_complete(w, new, me, st, wall), new)
+    return ite_state(w, z3.Or(s.complete, k == 0), s, full)
+
+
+def s_fold_and_complete(
+    w: World, s: SymState, me: Z, announced: Z, st: SymSettings, wall: Z
+) -> SymState:
+    """``spec.effects.fold_and_complete``: fold, then complete a viable open round."""
+    z3 = w.z3
+    new = s_fold_announced(w, s, me, announced, st, wall)
+    viable = z3.And(
+        z3.Not(new.complete),
+        st.min_nodes <= new.n_participants,
+        new.n_participants <= st.max_nodes,
+    )
+    return ite_state(w, viable, s_mark_complete(w, new, me, st, wall), new)
+
+
 def dead_by_wall(w: World, s: SymState, st: SymSettings, wall: Z) -> Z:
     """``spec.effects.expired_by_wall``: heartbeats older than the expiry at ``wall``."""
     z3 = w.z3
@@ -574,6 +654,12 @@ def s_prune_ending_broken_rounds(w: World, s: SymState, dead: Z, st: SymSettings
     )
     return ite_state(w, broken, reopened, after)
 
+
+SYMBOLIC_FOLDS: Mapping[E.Fold, SymFold] = {
+    E.fold_announced: s_fold_announced,
+    E.fold_and_complete: s_fold_and_complete,
+}
+"""The symbolic model of each Python fold, keyed by the Python function."""
 
 SymPruner = Callable[[World, SymState, Z, SymSettings], SymState]
 
@@ -783,12 +869,15 @@ class Prover:
         variant: Variant,
         *,
         models: Mapping[E.Effect, SymEffect] | None = None,
+        fold_models: Mapping[E.Fold, SymFold] | None = None,
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
     ) -> None:
         self.z3 = load_z3()
         self.variant = variant
         self.models = {**SYMBOLIC_EFFECTS, **(models or {})}
+        self.fold_models = {**SYMBOLIC_FOLDS, **(fold_models or {})}
         self.timeout_ms = timeout_ms
+        self._announcing = variant.announces
 
     # -- worlds, contexts, solvers ---------------------------------------------------------
     def world(self, nodes: int | None = None) -> World:
@@ -824,7 +913,11 @@ class Prover:
                 if self.variant.liveness_clock == LOCAL
                 else None
             ),
+            announce_size=w.fresh("announce_size", z3.IntSort()) if self._announcing else None,
+            announce_age=w.fresh("announce_age", z3.IntSort()) if self._announcing else None,
         )
+        if ctx.announce_size is not None and ctx.announce_age is not None:
+            facts += [ctx.announce_size >= 0, ctx.announce_age >= 0]
         if w.finite:
             facts.append(z3.Or(*[ctx.node == c for c in w.consts]))
         return ctx, facts + state_facts(w, state)
@@ -840,6 +933,8 @@ class Prover:
                 "wall_now": ctx.wall_now,
                 "op_deadline": ctx.op_deadline,
                 **({} if ctx.last_call_age is None else {"last_call_age": ctx.last_call_age}),
+                **({} if ctx.announce_size is None else {"announce_size": ctx.announce_size}),
+                **({} if ctx.announce_age is None else {"announce_age": ctx.announce_age}),
             },
             atoms={a.value: sym_atom(w, a, ctx) for a in Atom},
         )
@@ -863,6 +958,8 @@ class Prover:
         """Induction over one mutating row: invariants and selection before, effect."""
         table = self.variant.table(op)
         action = table.rows[index].then
+        if action.folds:
+            return self._setup_fold_row(w, op, index)
         effect = self.variant.effects[action]
         model = self.models.get(effect)
         if model is None:
@@ -889,6 +986,40 @@ class Prover:
                 lines.append(f"note: spec's table selects row {chosen} here, not row {index}")
             after_real = effect(c.before, c.node, c.settings, c.wall_now)
             return lines + _replay_lines(c.before, after_real, c.settings, effect.__name__)
+
+        return Setup(
+            w,
+            hypotheses,
+            self._goals(w, ctx.state, after, ctx.settings),
+            self._symbols(w, ctx, after),
+            replay,
+        )
+
+    def _setup_fold_row(self, w: World, op: Op, index: int) -> Setup:
+        """Induction over a folding row, for ANY announcement set."""
+        table = self.variant.table(op)
+        action = table.rows[index].then
+        fold = self.variant.folds[action]
+        model = self.fold_models.get(fold)
+        if model is None:
+            raise MissingModel(
+                f"fold {fold.__module__}.{fold.__qualname__} of {action.value} has no "
+                "symbolic model: add one to model_check.prove.SYMBOLIC_FOLDS (and to its "
+                "cross-check test)"
+            )
+        ctx, facts = self._context(w)
+        announced = w.node_array("announced", w.z3.BoolSort())
+        after = model(w, ctx.state, ctx.node, announced, ctx.settings, ctx.wall_now)
+        hypotheses = [
+            *facts,
+            *w.side,
+            *state_facts(w, after),
+            *self.invariants(w, ctx.state, ctx.settings).values(),
+            selected(w, table, index, ctx),
+        ]
+
+        def replay(c: Concrete) -> list[str]:
+            return ["  (a fold: the announcement set is shown above; not replayed)"]
 
         return Setup(
             w,
@@ -1008,6 +1139,14 @@ class Prover:
                 rollback_window=self.variant.rollback_window,
                 last_call_age=(
                     num(sym.clocks["last_call_age"]) if "last_call_age" in sym.clocks else None
+                ),
+                announce_size=(
+                    num(sym.clocks["announce_size"]) or None
+                    if "announce_size" in sym.clocks
+                    else None
+                ),
+                announce_age=(
+                    num(sym.clocks["announce_age"]) if "announce_age" in sym.clocks else None
                 ),
             )
         return Concrete(state, settings, node, ctx, wall)

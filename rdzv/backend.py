@@ -58,6 +58,25 @@ class RendezvousBackend(ABC):
         Returns the state stored afterwards, its token and whether this write happened;
         None if there is still no state."""
 
+    def announce(self, round_: int, member: bytes) -> int:
+        """Add ``member`` to round ``round_``'s announcement set; return the set's size.
+
+        Only announcing protocol variants (``scale``) call this; backends that cannot
+        keep such sets leave this default, which says so."""
+        raise NotImplementedError(
+            f"the {self.name!r} backend keeps no announcement sets, which the chosen "
+            f"protocol variant needs; use protocol=hardened, or an rdzv store "
+            f"(memory://, sqlite://, redis://, etcd://)"
+        )
+
+    def announced(self, round_: int) -> list[bytes]:
+        """The members of round ``round_``'s announcement set (see :meth:`announce`)."""
+        raise NotImplementedError(
+            f"the {self.name!r} backend keeps no announcement sets, which the chosen "
+            f"protocol variant needs; use protocol=hardened, or an rdzv store "
+            f"(memory://, sqlite://, redis://, etcd://)"
+        )
+
     def wait_for_change(self, token: Token | None, timeout: float) -> bool:
         """Block until the stored state's token is no longer ``token`` (True) or
         ``timeout`` seconds passed (False). Waking early is allowed only on a change.
@@ -148,6 +167,21 @@ class StoreRendezvousBackend(RendezvousBackend):
             # The store returns ``expected`` only for an absent key (a deleted state).
             return self._current(written=False)
         return result, result, False
+
+    def _announce_key(self, round_: int) -> str:
+        return f"rdzv/{self._run_id}/announce/{round_}"
+
+    def announce(self, round_: int, member: bytes) -> int:
+        add_member = getattr(self._store, "add_member", None)
+        if not callable(add_member):
+            return super().announce(round_, member)
+        return int(add_member(self._announce_key(round_), member))
+
+    def announced(self, round_: int) -> list[bytes]:
+        members = getattr(self._store, "members", None)
+        if not callable(members):
+            return super().announced(round_)
+        return [as_bytes(m) for m in members(self._announce_key(round_))]
 
     def _current(self, written: bool) -> tuple[bytes, Token, bool] | None:
         current = self.get_state()

@@ -20,6 +20,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from spec.machine import (
+    Announce,
+    Announced,
+    AnnouncedMembers,
     CasResult,
     CompareAndSet,
     Done,
@@ -27,6 +30,7 @@ from spec.machine import (
     Fail,
     IoFailed,
     Read,
+    ReadAnnounced,
     ReadResult,
     StartOp,
     Step,
@@ -47,6 +51,8 @@ _INPUT_NAMES: dict[type, str] = {
     CasResult: "cas_result",
     WokeUp: "woke_up",
     IoFailed: "io_failed",
+    Announced: "announced",
+    AnnouncedMembers: "announced_members",
 }
 _REQUEST_NAMES: dict[type, str] = {
     Read: "read",
@@ -54,6 +60,8 @@ _REQUEST_NAMES: dict[type, str] = {
     Wait: "wait",
     Done: "done",
     Fail: "fail",
+    Announce: "announce",
+    ReadAnnounced: "read_announced",
 }
 
 

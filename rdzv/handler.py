@@ -29,7 +29,7 @@ import secrets
 import socket
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, NoReturn
 
@@ -59,6 +59,9 @@ from rdzv.errors import (
 )
 from rdzv.store import PrefixStore, Store
 from spec.machine import (
+    Announce,
+    Announced,
+    AnnouncedMembers,
     CasResult,
     CompareAndSet,
     Config,
@@ -68,6 +71,7 @@ from spec.machine import (
     IoFailed,
     Local,
     Read,
+    ReadAnnounced,
     ReadResult,
     Request,
     StartOp,
@@ -144,9 +148,13 @@ class IoStats:
     cas_conflicts: int = 0
     waits: int = 0
     steps: int = 0
+    announces: int = 0
+    """Additions to an announcement set (announcing variants)."""
+    announced_reads: int = 0
+    """Reads of an announcement set (folds)."""
 
     def copy(self) -> IoStats:
-        return IoStats(self.reads, self.cas_attempts, self.cas_conflicts, self.waits, self.steps)
+        return replace(self)
 
 
 @dataclass(frozen=True)
@@ -262,6 +270,12 @@ class NodeDriver:
         if isinstance(request, Wait):
             self._check_key(request.key)
             return self._wait(request, block)
+        if isinstance(request, Announce):
+            self._announce(request)
+            return True
+        if isinstance(request, ReadAnnounced):
+            self._read_announced(request)
+            return True
         return False
 
     def _check_key(self, key: str) -> None:
@@ -287,6 +301,28 @@ class NodeDriver:
             return
         data, token = (None, None) if current is None else current
         self._feed(ReadResult(data, token, now_of(self.clock)))
+
+    def _announce(self, request: Announce) -> None:
+        self.stats.announces += 1
+        try:
+            size = self.backend.announce(request.round, request.member)
+        except BaseException as exc:
+            self._io_failed(exc, "announcing this node")
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._feed(Announced(size, now_of(self.clock)))
+
+    def _read_announced(self, request: ReadAnnounced) -> None:
+        self.stats.announced_reads += 1
+        try:
+            members = tuple(self.backend.announced(request.round))
+        except BaseException as exc:
+            self._io_failed(exc, "reading the announcement set")
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._feed(AnnouncedMembers(members, now_of(self.clock)))
 
     def _write(self, request: CompareAndSet) -> None:
         self.stats.cas_attempts += 1

@@ -21,6 +21,28 @@ Contract, for every backend (checked by :func:`rdzv.testing.check_store`):
   waking early with True is allowed only if the value really differs;
 - an unreachable backend raises :class:`~rdzv.errors.RendezvousConnectionError` saying
   which endpoint (password redacted) and what to check.
+
+Member sets (:class:`SetStore`, an rdzv extension that torch's stores lack): every rdzv
+backend also keeps named sets of byte strings, so that many nodes can announce
+themselves without contending for one key:
+
+- ``add_member(key, member)`` puts ``member`` into the set ``key`` (an absent set is an
+  empty one) and returns how many members the set holds right after; it is one atomic
+  step on the server, so concurrent callers never redo each other's work, and each of
+  ``k`` concurrent callers adding distinct members to an empty set gets a different size
+  in ``1..k``. Adding a member that is already there is a no-op that returns the current
+  size. (A network store that retries after losing the reply returns the size at the
+  retry, which may count members added in between.)
+- ``members(key)`` lists the members in bytewise order, ``[]`` for a set never added to;
+- ``try_get(key)`` returns a plain key's value, or ``None`` at once when it is absent
+  (unlike ``get``, it never waits).
+
+Sets are a namespace of their own: a set named ``k`` and a plain key ``k`` are unrelated,
+``get``/``check``/``wait`` never see sets, and ``num_keys`` does not count them. A member
+is 1 to :data:`MAX_MEMBER_BYTES` bytes (``str`` members are UTF-8 encoded) and a set holds
+at most :data:`MAX_SET_MEMBERS` members; beyond either bound ``add_member`` raises
+``ValueError``. :func:`require_set_store` turns a store without member sets into a clear
+``TypeError``.
 """
 
 from __future__ import annotations
@@ -30,6 +52,10 @@ from datetime import timedelta
 from typing import Protocol, runtime_checkable
 
 DEFAULT_STORE_TIMEOUT = timedelta(seconds=300)
+MAX_MEMBER_BYTES = 1_024
+"""Largest member of a member set, in bytes."""
+MAX_SET_MEMBERS = 1_000_000
+"""Most members one member set may hold."""
 
 
 def as_bytes(value: bytes | str) -> bytes:
@@ -71,6 +97,44 @@ class Store(Protocol):
     def num_keys(self) -> int: ...
 
     def wait_for_change(self, key: str, current: bytes | None, timeout: timedelta) -> bool: ...
+
+
+@runtime_checkable
+class SetStore(Store, Protocol):
+    """A :class:`Store` that also keeps member sets and answers ``try_get`` (see the
+    module docstring for the contract)."""
+
+    def add_member(self, key: str, member: bytes | str) -> int:
+        """Put ``member`` into the set ``key`` in one atomic step; return the set's size
+        right after (unchanged when ``member`` was already there)."""
+        ...
+
+    def members(self, key: str) -> list[bytes]:
+        """The members of the set ``key`` in bytewise order; ``[]`` when it has none."""
+        ...
+
+    def try_get(self, key: str) -> bytes | None:
+        """The value of the plain key ``key``, or ``None`` without waiting when absent."""
+        ...
+
+
+def require_set_store(store: Store, why: str) -> SetStore:
+    """Return ``store`` as a :class:`SetStore`, or raise a ``TypeError`` that names its
+    type, what needs member sets (``why``) and which stores have them. A
+    :class:`PrefixStore` passes when the store under it does."""
+    if isinstance(store, PrefixStore):
+        require_set_store(store.underlying_store, why)
+        return store
+    if isinstance(store, SetStore):
+        return store
+    lacking = [m for m in ("add_member", "members", "try_get") if not hasattr(store, m)]
+    raise TypeError(
+        f"{why} needs a store with member sets (add_member, members, try_get), but "
+        f"{type(store).__module__}.{type(store).__qualname__} lacks {', '.join(lacking)}; "
+        "use an rdzv store (open_store with a memory://, sqlite://, redis:// or etcd:// "
+        "URL), or add these methods to your store and check it with "
+        "rdzv.testing.check_store"
+    )
 
 
 class PrefixStore:
@@ -128,3 +192,18 @@ class PrefixStore:
 
     def wait_for_change(self, key: str, current: bytes | None, timeout: timedelta) -> bool:
         return self.underlying_store.wait_for_change(self._key(key), current, timeout)
+
+    # Member sets and try_get: forwarded (prefixed) when the underlying store has them,
+    # else the same TypeError as require_set_store.
+
+    def _sets(self, what: str) -> SetStore:
+        return require_set_store(self.underlying_store, f"PrefixStore.{what}")
+
+    def add_member(self, key: str, member: bytes | str) -> int:
+        return self._sets("add_member").add_member(self._key(key), member)
+
+    def members(self, key: str) -> list[bytes]:
+        return self._sets("members").members(self._key(key))
+
+    def try_get(self, key: str) -> bytes | None:
+        return self._sets("try_get").try_get(self._key(key))

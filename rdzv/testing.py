@@ -39,7 +39,7 @@ from datetime import timedelta
 
 from rdzv.clock import FakeClock
 from rdzv.errors import StoreTimeoutError
-from rdzv.store import PrefixStore, Store
+from rdzv.store import MAX_MEMBER_BYTES, PrefixStore, SetStore, Store
 from rdzv.stores import open_store
 
 __all__ = [
@@ -56,6 +56,9 @@ WRITE_DELAY_S = 0.02
 then (the checks hold either way: an early write is seen at once)."""
 MAX_CAS_ATTEMPTS = 1_000
 """Bound on compare_set attempts for one increment under contention."""
+THREADS_START_S = 30.0
+"""Bound on the kit's threads all reaching their starting barrier (thread start-up on a
+loaded machine, unrelated to how fast the store wakes waiters)."""
 CONCURRENT_WORK_S = 60.0
 """Bound on the concurrent add/CAS phase of threads (a correct store needs well under 1 s)."""
 PROCESS_STOP_S = 5.0
@@ -421,7 +424,7 @@ def _prefix_isolation(store: Store, cfg: _Config) -> None:
 
 def _concurrent_add(store: Store, cfg: _Config) -> None:
     n, m = cfg.threads, cfg.increments
-    start = threading.Barrier(n, timeout=cfg.wake_s)
+    start = threading.Barrier(n, timeout=THREADS_START_S)
     results: list[list[int]] = [[] for _ in range(n)]
 
     def adder(i: int) -> None:
@@ -465,7 +468,7 @@ def _cas_increment(store: Store, key: str, tag: str) -> int:
 def _concurrent_cas(store: Store, cfg: _Config) -> None:
     n, m = cfg.threads, cfg.increments
     store.set("counter", b"0:init")
-    start = threading.Barrier(n, timeout=cfg.wake_s)
+    start = threading.Barrier(n, timeout=THREADS_START_S)
 
     def incrementer(i: int) -> None:
         start.wait()
@@ -480,6 +483,157 @@ def _concurrent_cas(store: Store, cfg: _Config) -> None:
         f"counter after {n}x{m} CAS increments (lost updates?)",
     )
 
+
+# -- member sets and try_get (SetStore) ------------------------------------------------
+
+
+def _sets_of(store: Store) -> SetStore:
+    if not isinstance(store, SetStore):
+        raise _Broken(
+            f"{type(store).__name__} lacks add_member/members/try_get (check_store(sets=True) "
+            "requires member sets)"
+        )
+    return store
+
+
+def _member_sets(plain: Store, cfg: _Config) -> None:
+    store = _sets_of(plain)
+    _expect_eq(store.members("s"), [], "members() of a set never added to")
+    _expect_eq(store.add_member("s", b"b"), 1, "add_member() to an absent set: size")
+    _expect_eq(store.add_member("s", b"a"), 2, "add_member() of a second member: size")
+    _expect_eq(store.add_member("s", b"b"), 2, "add_member() of a member already present")
+    _expect_eq(store.add_member("s", "c\u00e9"), 3, "add_member() of a str member: size")
+    got = store.members("s")
+    _expect(
+        type(got) is list and all(type(m) is bytes for m in got),
+        f"members() must return a list of bytes, got {got!r}",
+    )
+    _expect_eq(got, [b"a", b"b", "c\u00e9".encode()], "members() after 4 adds (1 duplicate)")
+    odd = [b"\xff", b"Z", b"a\x00", b"a", b"\x00\x01", bytes(range(256)), b"x" * MAX_MEMBER_BYTES]
+    for i, member in enumerate(odd, start=1):
+        _expect_eq(
+            store.add_member("odd set/\u00e9", member), i, f"size after adding {member[:8]!r}"
+        )
+    _expect_eq(store.members("odd set/\u00e9"), sorted(odd), "members() in bytewise order")
+    _expect_eq(store.members("s"), [b"a", b"b", "c\u00e9".encode()], "another set is untouched")
+    _expect_eq(store.members("odd set"), [], "a set whose name is a prefix of another's")
+    _expect_eq(store.members("s/x"), [], "a set whose name extends another's")
+    _expect_eq(store.add_member("s/x", b"a"), 1, "add_member() to a set named like 's/x'")
+    _expect_eq(store.members("s"), [b"a", b"b", "c\u00e9".encode()], "set 's' after 's/x'")
+
+
+def _sets_are_not_keys(plain: Store, cfg: _Config) -> None:
+    store = _sets_of(plain)
+    store.set_timeout(SHORT_TIMEOUT)
+    store.add_member("only-a-set", b"m")
+    _expect_eq(store.check(["only-a-set"]), False, "check() of a name that is only a set")
+    _expect_eq(store.num_keys(), 0, "num_keys() with one set and no plain key")
+    _expect_timeout(lambda: store.get("only-a-set"), "get() of a name that is only a set")
+    _expect_eq(store.try_get("only-a-set"), None, "try_get() of a name that is only a set")
+    store.set("both", b"plain")
+    _expect_eq(store.add_member("both", b"member"), 1, "add_member() to a set named like a key")
+    _expect_eq(store.get("both"), b"plain", "a plain key next to a set of the same name")
+    _expect_eq(store.members("both"), [b"member"], "a set next to a plain key of the same name")
+    _expect_eq(store.num_keys(), 1, "num_keys() counts plain keys only, not sets")
+    _expect_eq(store.delete_key("both"), True, "delete_key() of the plain key")
+    _expect_eq(store.members("both"), [b"member"], "delete_key() must leave the set alone")
+    a, b = PrefixStore("a", store), PrefixStore("b", store)
+    _expect_eq(a.add_member("s", b"x"), 1, "add_member() through PrefixStore('a')")
+    _expect_eq(b.members("s"), [], "a set of prefix a must be invisible in prefix b")
+    _expect_eq(store.members("a/s"), [b"x"], "the underlying set of PrefixStore('a') 's'")
+    a.set("k", b"v")
+    _expect_eq(a.try_get("k"), b"v", "try_get() through PrefixStore('a')")
+    _expect_eq(b.try_get("k"), None, "try_get() through prefix b of a key of prefix a")
+
+
+def _try_get(plain: Store, cfg: _Config) -> None:
+    store = _sets_of(plain)
+    # A try_get that waits for the store timeout takes longer than wake_within and fails.
+    store.set_timeout(cfg.wake_within * 2)
+    got, took = _timed(lambda: store.try_get("absent"))
+    _expect_eq(got, None, "try_get() of an absent key")
+    _expect(took <= cfg.wake_s, f"try_get() of an absent key took {took:.3g} s: it must not wait")
+    store.set("k", b"v")
+    got = store.try_get("k")
+    _expect(type(got) is bytes, f"try_get() must return bytes, got {type(got).__name__}")
+    _expect_eq(got, b"v", "try_get() of a present key")
+    store.set("empty", b"")
+    _expect_eq(store.try_get("empty"), b"", "try_get() of a key holding b'' (not None)")
+    _expect_eq(store.add("n", 7), 7, "add() before try_get()")
+    _expect_eq(store.try_get("n"), b"7", "try_get() of a counter")
+    _expect_eq(store.delete_key("k"), True, "delete_key() before try_get()")
+    _expect_eq(store.try_get("k"), None, "try_get() of a deleted key")
+
+
+def _expect_rejected(
+    call: Callable[[], object], error: type[Exception], says: str, what: str
+) -> None:
+    try:
+        result = call()
+    except error as exc:
+        _expect(says in str(exc), f"{what}: the {error.__name__} must say {says!r}, got {exc}")
+        return
+    raise _Broken(f"{what} must raise {error.__name__}, but returned {result!r}")
+
+
+def _member_bounds(plain: Store, cfg: _Config) -> None:
+    store = _sets_of(plain)
+    store.add_member("s", b"ok")
+    too_long = b"x" * (MAX_MEMBER_BYTES + 1)
+    bound = str(MAX_MEMBER_BYTES)  # a clear error names the bound
+    _expect_rejected(
+        lambda: store.add_member("s", too_long), ValueError, bound, "a 1025-byte member"
+    )
+    _expect_rejected(
+        lambda: store.add_member("s", "\u00e9" * 513), ValueError, bound, "a 1026-byte str member"
+    )
+    _expect_rejected(lambda: store.add_member("s", b""), ValueError, bound, "an empty member")
+    bad: object = 7
+    _expect_rejected(
+        lambda: store.add_member("s", bad),  # type: ignore[arg-type]
+        TypeError,
+        "int",
+        "an int member",
+    )
+    bad_key: object = b"s"
+    _expect_rejected(
+        lambda: store.add_member(bad_key, b"m"),  # type: ignore[arg-type]
+        TypeError,
+        "bytes",
+        "a bytes set name",
+    )
+    _expect_eq(store.members("s"), [b"ok"], "members() after rejected adds (nothing stored)")
+
+
+def _concurrent_add_member(plain: Store, cfg: _Config) -> None:
+    store = _sets_of(plain)
+    n, m = cfg.threads, cfg.increments
+    start = threading.Barrier(n, timeout=THREADS_START_S)
+    sizes: list[list[int]] = [[] for _ in range(n)]
+
+    def joiner(i: int) -> None:
+        start.wait()
+        sizes[i].extend(store.add_member("joined", f"t{i}.{j}") for j in range(m))
+
+    workers = [_Worker(f"joiner-{i}", functools.partial(joiner, i)).start() for i in range(n)]
+    _join_all(workers, cfg.wake_s + CONCURRENT_WORK_S, "concurrent add_member()")
+    _expect_eq(
+        sorted(v for r in sizes for v in r),
+        list(range(1, n * m + 1)),
+        f"the sizes {n}x{m} concurrent add_member() of distinct members returned (each once)",
+    )
+    everyone = sorted(f"t{i}.{j}".encode() for i in range(n) for j in range(m))
+    _expect_eq(store.members("joined"), everyone, "members() after the concurrent adds")
+    _expect_eq(store.add_member("joined", b"t0.0"), n * m, "re-adding a member afterwards")
+
+
+_SET_PROPERTIES: tuple[tuple[str, Callable[[Store, _Config], None]], ...] = (
+    ("member sets: add_member sizes, duplicates, members order", _member_sets),
+    ("try_get returns None at once or the value", _try_get),
+    ("member sets are not keys (get/check/num_keys/PrefixStore)", _sets_are_not_keys),
+    ("member bounds give clear errors", _member_bounds),
+    ("concurrent add_member() gives each caller its own size", _concurrent_add_member),
+)
 
 _PROPERTIES: tuple[tuple[str, Callable[[Store, _Config], None]], ...] = (
     ("a fresh store is empty", _empty),
@@ -509,18 +663,29 @@ def check_store(
     increments: int = 50,
     processes: int = 3,
     wake_within: timedelta = timedelta(seconds=5),
+    sets: bool | None = None,
 ) -> None:
     """Run the conformance suite on stores made by ``factory``; raise on the first failure.
 
-    ``threads`` threads each do ``increments`` ``add`` and CAS increments. When ``url``
-    is given, :func:`check_store_across_processes` also runs on it (``opener`` and
-    ``processes`` are passed on).
+    ``threads`` threads each do ``increments`` ``add``, CAS increments and ``add_member``
+    calls. When ``url`` is given, :func:`check_store_across_processes` also runs on it
+    (``opener`` and ``processes`` are passed on).
+
+    ``sets`` picks the member-set properties (:class:`~rdzv.store.SetStore`): ``True``
+    requires them (a store without ``add_member``/``members``/``try_get`` fails), ``False``
+    skips them, ``None`` runs them when the store has these methods.
     """
     if threads < 2 or increments < 1:
         raise ValueError(f"need threads >= 2 and increments >= 1, got {threads}, {increments}")
     cfg = _Config(threads=threads, increments=increments, wake_within=wake_within)
-    for name, prop in _PROPERTIES:
+    properties = [(name, prop, False) for name, prop in _PROPERTIES]
+    if sets is not False:
+        properties += [(name, prop, sets is None) for name, prop in _SET_PROPERTIES]
+    for name, prop, optional in properties:
         store = factory()
+        if optional and not isinstance(store, SetStore):
+            _close(store)
+            continue
         try:
             _expect(
                 isinstance(store, Store),
@@ -563,14 +728,17 @@ def _child_main(
     """A child process of :func:`check_store_across_processes` (spawned; args are str/int).
 
     Announces itself (``add("ready", 1)``), blocks until the parent writes ``go`` (a
-    wake-up across processes), then increments; reports ``ok`` or the error under
-    ``done/<index>`` and exits 0 or 1.
+    wake-up across processes), joins the member set ``joined`` when the store has member
+    sets (recording the size it got under ``size/<index>``), then increments; reports
+    ``ok`` or the error under ``done/<index>`` and exits 0 or 1.
     """
     base = _open(url, opener, timedelta(seconds=wait_s))
     store = PrefixStore(prefix, base)
     try:
         store.add("ready", 1)
         store.wait(["go"])
+        if isinstance(base, SetStore):
+            store.set(f"size/{index}", str(store.add_member("joined", f"p{index}")))
         for j in range(increments):
             store.add("added", 1)
             _cas_increment(store, "counter", f"p{index}.{j}")
@@ -603,12 +771,15 @@ def check_store_across_processes(
     Each child announces itself, waits for the parent's ``go`` (the parent sleeps in
     ``wait_for_change`` until every child announced, and each child in ``wait``: both
     are wake-ups across processes), then does ``increments`` ``add(1)`` and CAS
-    increments on shared counters; no update may be lost.
+    increments on shared counters; no update may be lost. When the store has member sets
+    (:class:`~rdzv.store.SetStore`), each child also joins one set at the same moment,
+    and the sizes they got must be ``1..processes``, each once.
 
     The store is opened with :func:`rdzv.stores.open_store`, or with ``opener``, a
     ``"module:function"`` reference to a ``(url, timeout) -> Store`` callable importable
     in a fresh interpreter. Keys live under a fresh prefix, so ``url`` may name a shared
-    server; they are deleted afterwards. Children are started with the ``spawn``
+    server; they are deleted afterwards (the member set stays: sets cannot be deleted,
+    it is one small set under the fresh prefix). Children are started with the ``spawn``
     context and receive only strings and ints. Bounds: children must announce
     themselves within ``start_within`` (interpreter start-up) and finish within
     ``wake_within`` per increment after that; the kit terminates any child left.
@@ -625,7 +796,8 @@ def check_store_across_processes(
     base = _open(url, opener, timedelta(seconds=start_s + work_s))
     prefix = f"rdzv-conformance/{uuid.uuid4().hex}"
     store = PrefixStore(prefix, base)
-    keys = ["ready", "go", "counter", "added"] + [f"done/{i}" for i in range(processes)]
+    keys = ["ready", "go", "counter", "added"]
+    keys += [f"{kind}/{i}" for kind in ("done", "size") for i in range(processes)]
     ctx = multiprocessing.get_context("spawn")
     children = [
         ctx.Process(
@@ -698,6 +870,17 @@ def check_store_across_processes(
                 f"{processes}x{increments} CAS increments reached {counter}, expected {total} "
                 "(lost updates: compare_set is not atomic across processes)"
             )
+        if isinstance(base, SetStore):
+            sizes = sorted(int(v) for v in store.multi_get([f"size/{i}" for i in range(processes)]))
+            if sizes != list(range(1, processes + 1)):
+                raise fail(
+                    f"{processes} processes joining one member set got sizes {sizes}, expected "
+                    f"each of 1..{processes} once (add_member is not atomic across processes)"
+                )
+            joined = store.members("joined")
+            expected = sorted(f"p{i}".encode() for i in range(processes))
+            if joined != expected:
+                raise fail(f"the member set holds {joined!r}, expected {expected!r}")
     except _Broken as exc:
         raise fail(str(exc)) from None
     finally:

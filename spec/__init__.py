@@ -14,11 +14,14 @@ checker (``model_check``) and the real handler (``rdzv``) both interpret what is
 - :mod:`spec.invariants`: named safety properties.
 """
 
-from spec.codec import CorruptState, decode, encode
+from spec.codec import CorruptState, decode, decode_node, encode, encode_node
 from spec.effects import (
     UPSTREAM_EFFECTS,
+    Fold,
     Sanitized,
     expired_by_wall,
+    fold_and_complete,
+    fold_announced,
     prune,
     prune_ending_broken_rounds,
     remove_participant_epilogue,
@@ -35,6 +38,9 @@ from spec.invariants import (
 )
 from spec.machine import (
     STATE_KEY,
+    Announce,
+    Announced,
+    AnnouncedMembers,
     CasResult,
     CompareAndSet,
     Config,
@@ -47,6 +53,7 @@ from spec.machine import (
     Now,
     Phase,
     Read,
+    ReadAnnounced,
     ReadResult,
     Request,
     StartOp,
@@ -64,6 +71,7 @@ from spec.tables import Atom, Context, Literal, NoRowMatches, Row, Table, row
 from spec.variants import (
     HARDENED,
     LOCAL,
+    SCALE,
     TORCH_213,
     UPSTREAM,
     VARIANTS,
@@ -80,6 +88,7 @@ __all__ = [
     "HARDENED",
     "KEEP",
     "LOCAL",
+    "SCALE",
     "SECOND",
     "STATE_INVARIANTS",
     "STATE_KEY",
@@ -90,6 +99,9 @@ __all__ = [
     "VARIANTS",
     "WALL",
     "Action",
+    "Announce",
+    "Announced",
+    "AnnouncedMembers",
     "Atom",
     "CasResult",
     "CompareAndSet",
@@ -100,6 +112,7 @@ __all__ = [
     "Event",
     "Fail",
     "FailKind",
+    "Fold",
     "InvalidTransition",
     "IoFailed",
     "Literal",
@@ -112,6 +125,7 @@ __all__ = [
     "Phase",
     "Pruner",
     "Read",
+    "ReadAnnounced",
     "ReadResult",
     "RendezvousState",
     "Request",
@@ -132,8 +146,12 @@ __all__ = [
     "check_step",
     "context",
     "decode",
+    "decode_node",
     "encode",
+    "encode_node",
     "expired_by_wall",
+    "fold_and_complete",
+    "fold_announced",
     "get_variant",
     "next_timer",
     "prune",

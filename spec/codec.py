@@ -73,6 +73,25 @@ def encode(state: RendezvousState) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
+def encode_node(node: NodeId) -> bytes:
+    """The canonical bytes of one node identity (an announcement set member)."""
+    return json.dumps(_node_fields(node), separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def decode_node(data: bytes) -> NodeId:
+    """The node identity :func:`encode_node` wrote; :class:`CorruptState` otherwise."""
+    try:
+        entry = json.loads(
+            data.decode("ascii"),
+            parse_constant=_reject_constant,
+            parse_float=_reject_float,
+        )
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CorruptState(f"a member {data[:64]!r} that is not a node identity ({exc})") from None
+    node, _ = _node(entry, f"member {data[:64]!r}", 0)
+    return node
+
+
 # -- decoding ------------------------------------------------------------------------------
 def _bad(what: str) -> NoReturn:
     raise CorruptState(f"the rendezvous state is corrupt: {what}")

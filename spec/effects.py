@@ -17,6 +17,9 @@ from spec.state import Millis, NodeId, RendezvousState
 from spec.vocabulary import Action
 
 Effect = Callable[[RendezvousState, NodeId, Settings, Millis], RendezvousState]
+Fold = Callable[[RendezvousState, NodeId, tuple[NodeId, ...], Settings, Millis], RendezvousState]
+"""A fold: ``fold(state, node, announced, settings, wall_now)`` admits the nodes of the
+round's announcement set ``announced`` (read by ``node`` just before)."""
 
 
 # -- the round epilogue -------------------------------------------------------------
@@ -230,3 +233,62 @@ def sanitize_ending_broken_rounds(
 ) -> Sanitized:
     """:func:`prune_ending_broken_rounds` of the nodes expired by the wall clock."""
     return prune_ending_broken_rounds(state, expired_by_wall(state, settings, wall_now), settings)
+
+
+# -- folds (announcing variants) -----------------------------------------------------------
+def fold_announced(
+    state: RendezvousState,
+    node: NodeId,
+    announced: tuple[NodeId, ...],
+    settings: Settings,
+    wall_now: Millis,
+) -> RendezvousState:
+    """Admit the announced nodes, in sorted order, exactly as if each had run
+    :func:`add_to_participants` itself (the tests check the equivalence): the last call
+    starts when ``min_nodes`` is reached and the round completes at ``max_nodes`` (later
+    announcers are left out and queue themselves). Nodes already participating or
+    standing by are skipped. One pass and one new state, so a fold of N announcements
+    costs O(N log N), not N copies of the state."""
+    if state.complete:
+        return state
+    members = state.participant_map()
+    admitted: list[NodeId] = []
+    standing_by = set(state.redundancy_list)
+    deadline = state.deadline
+    for member in sorted(set(announced)):
+        if len(members) >= settings.max_nodes:
+            break
+        if member in members or member in standing_by:
+            continue
+        members[member] = 0
+        admitted.append(member)
+        if len(members) == settings.min_nodes:
+            deadline = wall_now + settings.last_call_timeout
+    if not admitted:
+        return state
+    joined = set(admitted)
+    beats = state.heartbeat_map()
+    beats.update((member, wall_now) for member in admitted)
+    new = state.evolve(
+        participants=members,
+        wait_list=[n for n in state.wait_list if n not in joined],
+        last_heartbeats=beats,
+        deadline=deadline,
+    )
+    if new.num_participants == settings.max_nodes:
+        new = mark_complete(new, node, settings, wall_now)
+    return new
+
+
+def fold_and_complete(
+    state: RendezvousState,
+    node: NodeId,
+    announced: tuple[NodeId, ...],
+    settings: Settings,
+    wall_now: Millis,
+) -> RendezvousState:
+    """:func:`fold_announced`, then complete the round (the last call is over)."""
+    new = fold_announced(state, node, announced, settings, wall_now)
+    if not new.complete and settings.min_nodes <= new.num_participants <= settings.max_nodes:
+        new = mark_complete(new, node, settings, wall_now)
+    return new

@@ -18,6 +18,12 @@ The loop it encodes, for one operation::
              SYNC:   Wait(until the next timer, or a change)      (answer: WokeUp)
              FINISH: Done;  errors: Fail
 
+Announcing variants (``scale``) add two requests outside the register: ANNOUNCE asks
+for :class:`Announce` (add this node to the round's announcement set; answer
+:class:`Announced` with the set's size), and a fold first asks for :class:`ReadAnnounced`
+(answer :class:`AnnouncedMembers`), then applies the fold to the view and syncs like any
+mutating action.
+
 Local state (:class:`Local`) is a plain immutable value: the model checker hashes and
 compares it, the handler keeps one per node.
 """
@@ -27,7 +33,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from spec.codec import CorruptState, decode, encode
+from spec.codec import CorruptState, decode, decode_node, encode, encode_node
 from spec.effects import expired_by_wall
 from spec.settings import Settings
 from spec.state import EMPTY_STATE, Millis, NodeId, RendezvousState
@@ -98,7 +104,23 @@ class IoFailed:
     now: Now
 
 
-Event = StartOp | ReadResult | CasResult | WokeUp | IoFailed
+@dataclass(frozen=True)
+class Announced:
+    """Answer to :class:`Announce`: the announcement set's size after the addition."""
+
+    size: int
+    now: Now
+
+
+@dataclass(frozen=True)
+class AnnouncedMembers:
+    """Answer to :class:`ReadAnnounced`: the members of the round's announcement set."""
+
+    members: tuple[bytes, ...]
+    now: Now
+
+
+Event = StartOp | ReadResult | CasResult | WokeUp | IoFailed | Announced | AnnouncedMembers
 
 
 # -- requests (outputs) -------------------------------------------------------------------
@@ -149,7 +171,25 @@ class Fail:
     message: str
 
 
-Request = Read | CompareAndSet | Wait | Done | Fail
+@dataclass(frozen=True)
+class Announce:
+    """Atomically add ``member`` (this node, :func:`spec.codec.encode_node`) to the
+    announcement set of round ``round`` and answer :class:`Announced` with the set's size
+    afterwards. Adding it again is harmless (the size is unchanged), so a retry after an
+    unknown outcome is safe."""
+
+    round: int
+    member: bytes
+
+
+@dataclass(frozen=True)
+class ReadAnnounced:
+    """Read the announcement set of round ``round``; answer :class:`AnnouncedMembers`."""
+
+    round: int
+
+
+Request = Read | CompareAndSet | Wait | Done | Fail | Announce | ReadAnnounced
 
 
 # -- local state --------------------------------------------------------------------------
@@ -164,6 +204,10 @@ class Phase(enum.Enum):
     """A CompareAndSet is outstanding."""
     WAITING = "waiting"
     """A Wait is outstanding."""
+    ANNOUNCING = "announcing"
+    """An Announce is outstanding."""
+    READING_ANNOUNCED = "reading_announced"
+    """A ReadAnnounced is outstanding (a fold waits for it)."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +228,11 @@ class Local:
     saw that value), sorted by node. Empty under the wall clock."""
     seen_last_call: tuple[Millis, Millis] | None = None
     """Local liveness clock only: (last-call deadline value, monotonic time first seen)."""
+    announced: tuple[int, int, Millis] | None = None
+    """Announcing variants only: (round, set size returned, monotonic time) of this node's
+    latest announcement."""
+    folding: Action | None = None
+    """The fold waiting for its :class:`ReadAnnounced` answer."""
 
 
 @dataclass(frozen=True)
@@ -244,11 +293,38 @@ def step(local: Local, event: Event, config: Config) -> Step:
             raise InvalidTransition(local, event)
         # We waited because nothing could progress: the cached view is not good enough.
         return _sync(replace(local, synced_at=None), event.now, config)
+    if isinstance(event, Announced):
+        if local.phase is not Phase.ANNOUNCING:
+            raise InvalidTransition(local, event)
+        announced = (local.view.round, event.size, event.now.mono)
+        return _decide(replace(local, announced=announced), event.now, config)
+    if isinstance(event, AnnouncedMembers):
+        if local.phase is not Phase.READING_ANNOUNCED or local.folding is None:
+            raise InvalidTransition(local, event)
+        return _fold(local, event, config)
     if isinstance(event, IoFailed):
         if local.phase is Phase.IDLE:
             raise InvalidTransition(local, event)
-        return _fail(local, FailKind.CONNECTION, event.reason)
+        return _fail(replace(local, folding=None), FailKind.CONNECTION, event.reason)
     raise InvalidTransition(local, event)
+
+
+def _fold(local: Local, event: AnnouncedMembers, config: Config) -> Step:
+    action = local.folding
+    assert action is not None
+    try:
+        members = tuple(decode_node(m) for m in event.members)
+    except CorruptState as exc:
+        failed = replace(local, folding=None)
+        return _fail(failed, FailKind.CORRUPT_STATE, f"the announcement set holds {exc}")
+    fold = config.variant.folds[action]
+    view = fold(local.view, local.node, members, config.settings, event.now.wall)
+    if view == local.view:
+        # Nothing to admit (the set held nobody new): decide again on a fresh read.
+        fresh = replace(local, folding=None, synced_at=None)
+        return replace(_sync(fresh, event.now, config), action=action)
+    changed = replace(local, view=view, dirty=True, folding=None)
+    return replace(_sync(changed, event.now, config), action=action)
 
 
 def _op(local: Local) -> Op:
@@ -334,6 +410,10 @@ def context(local: Local, now: Now, config: Config) -> Context:
         seen = local.seen_last_call
         first = seen[1] if seen is not None and seen[0] == local.view.deadline else now.mono
         last_call_age = now.mono - first
+    announce_size = announce_age = None
+    if local.announced is not None and local.announced[0] == local.view.round:
+        announce_size = local.announced[1]
+        announce_age = now.mono - local.announced[2]
     return Context(
         node=local.node,
         state=local.view,
@@ -343,6 +423,8 @@ def context(local: Local, now: Now, config: Config) -> Context:
         op_deadline=local.deadline,
         rollback_window=config.variant.rollback_window,
         last_call_age=last_call_age,
+        announce_size=announce_size,
+        announce_age=announce_age,
     )
 
 
@@ -362,6 +444,12 @@ def _decide(local: Local, now: Now, config: Config) -> Step:
         until = next_timer(ctx, config, local)
         wait = Wait(config.key, local.token, until)
         return Step(replace(local, phase=Phase.WAITING), wait, action, index)
+    if action is Action.ANNOUNCE:
+        request = Announce(local.view.round, encode_node(local.node))
+        return Step(replace(local, phase=Phase.ANNOUNCING), request, action, index)
+    if action.folds:
+        busy = replace(local, phase=Phase.READING_ANNOUNCED, folding=action)
+        return Step(busy, ReadAnnounced(local.view.round), action, index)
     effect = config.variant.effects[action]
     view = effect(local.view, local.node, config.settings, now.wall)
     deadline = local.deadline
@@ -394,8 +482,9 @@ def next_timer(ctx: Context, config: Config, local: Local | None = None) -> Mill
     node's heartbeat becoming due (its own wall clock, converted with its current offset
     between its clocks); the last call ending and any listed node's heartbeat expiring,
     on the wall clock or, under the local liveness clock, on the monotonic clock from
-    when this node first saw the value (taken from ``local``). The op deadline plus the
-    rollback window bounds every wait, so no wait is endless.
+    when this node first saw the value (taken from ``local``); an announcer's fold
+    falling due. The op deadline plus the rollback window bounds every wait, so no wait
+    is endless.
     """
     mono, wall = ctx.mono_now, ctx.wall_now
     settings = ctx.settings
@@ -404,6 +493,9 @@ def next_timer(ctx: Context, config: Config, local: Local | None = None) -> Mill
     own = ctx.state.heartbeat_of(ctx.node)
     if own is not None:
         walls.append(own + settings.keep_alive_interval)
+    if ctx.announce_age is not None:
+        # An announcer folds itself once it has waited a keep-alive interval in vain.
+        candidates.append(mono - ctx.announce_age + settings.keep_alive_interval + 1)
     if config.variant.liveness_clock == LOCAL:
         if ctx.last_call_age is not None:
             candidates.append(mono - ctx.last_call_age + settings.last_call_timeout + 1)

@@ -47,6 +47,11 @@ class Context:
     last_call_age: Millis | None = None
     """Local liveness clock only: how long this node has seen the current last-call
     deadline (on its monotonic clock). None under the wall clock, or with no last call."""
+    announce_size: int | None = None
+    """Announcing variants only: the size of the current round's announcement set that
+    this node's own announcement returned; None if it has not announced in this round."""
+    announce_age: Millis | None = None
+    """Announcing variants only: monotonic time since this node announced in this round."""
 
 
 class Atom(enum.Enum):
@@ -64,6 +69,8 @@ class Atom(enum.Enum):
     PAST_DEADLINE = "past_deadline"
     IN_ROLLBACK_WINDOW = "in_rollback_window"
     HEARTBEAT_DUE = "heartbeat_due"
+    ANNOUNCED = "announced"
+    FOLD_DUE = "fold_due"
 
     def __invert__(self) -> Literal:
         return Literal(self, False)
@@ -92,6 +99,18 @@ def _last_call_over(ctx: Context) -> bool:
     return deadline < ctx.wall_now
 
 
+def _fold_due(ctx: Context) -> bool:
+    size, age = ctx.announce_size, ctx.announce_age
+    if size is None or age is None:
+        return False
+    settings = ctx.settings
+    if size >= settings.max_nodes:
+        return True  # this announcement filled the round
+    if size >= settings.min_nodes and ctx.state.num_participants < settings.min_nodes:
+        return True  # enough announced to start the last call, and nobody folded yet
+    return age > settings.keep_alive_interval  # whoever should have folded did not
+
+
 ATOM_PREDICATES: dict[Atom, Callable[[Context], bool]] = {
     Atom.CLOSED: lambda c: c.state.closed,
     Atom.COMPLETE: lambda c: c.state.complete,
@@ -107,6 +126,8 @@ ATOM_PREDICATES: dict[Atom, Callable[[Context], bool]] = {
     Atom.PAST_DEADLINE: lambda c: c.mono_now > c.op_deadline,
     Atom.IN_ROLLBACK_WINDOW: lambda c: c.mono_now <= c.op_deadline + c.rollback_window,
     Atom.HEARTBEAT_DUE: _heartbeat_due,
+    Atom.ANNOUNCED: lambda c: c.announce_size is not None,
+    Atom.FOLD_DUE: _fold_due,
 }
 
 ATOM_DOCS: dict[Atom, str] = {
@@ -125,6 +146,12 @@ ATOM_DOCS: dict[Atom, str] = {
     Atom.PAST_DEADLINE: "this node's monotonic clock is past the operation's deadline",
     Atom.IN_ROLLBACK_WINDOW: "monotonic clock <= operation deadline + rollback window",
     Atom.HEARTBEAT_DUE: ("this node has a heartbeat and it is at least keep_alive_interval old"),
+    Atom.ANNOUNCED: "this node has announced itself in the current round's announcement set",
+    Atom.FOLD_DUE: (
+        "this node announced and should fold: its announcement filled the round to "
+        "max_nodes, or reached min_nodes while fewer are participants, or it has waited "
+        "longer than keep_alive_interval since announcing"
+    ),
 }
 
 

@@ -46,8 +46,11 @@ from types import MappingProxyType
 from spec.effects import (
     UPSTREAM_EFFECTS,
     Effect,
+    Fold,
     Sanitized,
     expired_by_wall,
+    fold_and_complete,
+    fold_announced,
     prune,
     prune_ending_broken_rounds,
 )
@@ -90,6 +93,8 @@ class Variant:
     ``"wall"`` compares the times written in the state with its own wall clock (the
     reference); ``"local"`` measures, on its own monotonic clock, how long a value has
     stood unchanged since it first saw it, so no two machines' clocks are compared."""
+    folds: Mapping[Action, Fold] = field(default_factory=lambda: MappingProxyType({}))
+    """The fold of each folding action (announcing variants; see :attr:`Action.folds`)."""
     parent: str | None = None
     changes: tuple[str, ...] = field(default=())
     """Human-readable list of what differs from ``parent``."""
@@ -107,11 +112,26 @@ class Variant:
             if table.op is not op:
                 raise ValueError(f"variant {self.name!r}: table for {op} is for {table.op}")
             for r in table.rows:
-                if r.then.mutates and r.then not in self.effects:
+                if r.then.folds:
+                    if r.then not in self.folds:
+                        raise ValueError(
+                            f"variant {self.name!r}: action {r.then.value} has no fold"
+                        )
+                elif r.then.mutates and r.then not in self.effects:
                     raise ValueError(f"variant {self.name!r}: action {r.then.value} has no effect")
 
     def table(self, op: Op) -> Table:
         return self.tables[op]
+
+    @property
+    def announces(self) -> bool:
+        """True when some guard looks at announcements (the node announces and folds)."""
+        return any(
+            lit.atom in (Atom.ANNOUNCED, Atom.FOLD_DUE)
+            for table in self.tables.values()
+            for r in table.rows
+            for lit in r.when
+        )
 
     def sanitize_by_wall(
         self, state: RendezvousState, settings: Settings, wall_now: Millis
@@ -127,6 +147,7 @@ class Variant:
         rows: Mapping[tuple[Op, int], Row | None] | None = None,
         insert: Mapping[tuple[Op, int], Row] | None = None,
         effects: Mapping[Action, Effect] | None = None,
+        folds: Mapping[Action, Fold] | None = None,
         prune_marks_dirty: bool | None = None,
         rollback_window: Millis | None = None,
         prune: Pruner | None = None,
@@ -175,6 +196,10 @@ class Variant:
         for action, effect in sorted((effects or {}).items(), key=lambda kv: kv[0].value):
             new_effects[action] = effect
             changes.append(f"effect of {action.value}: {effect.__name__}")
+        new_folds = dict(self.folds)
+        for action, fold in sorted((folds or {}).items(), key=lambda kv: kv[0].value):
+            new_folds[action] = fold
+            changes.append(f"fold of {action.value}: {fold.__name__}")
         if prune_marks_dirty is not None and prune_marks_dirty != self.prune_marks_dirty:
             changes.append(f"prune_marks_dirty: {self.prune_marks_dirty} -> {prune_marks_dirty}")
         if rollback_window is not None and rollback_window != self.rollback_window:
@@ -188,6 +213,7 @@ class Variant:
             description=description,
             tables=MappingProxyType(tables),
             effects=MappingProxyType(new_effects),
+            folds=MappingProxyType(new_folds),
             prune_marks_dirty=(
                 self.prune_marks_dirty if prune_marks_dirty is None else prune_marks_dirty
             ),
@@ -255,8 +281,53 @@ HARDENED = UPSTREAM.derive(
     liveness_clock=LOCAL,
 )
 
+# The hardened join rows the scale variant replaces: completing after the last call, and
+# joining an open round.
+_LAST_CALL_ROW = 12
+_JOIN_OPEN_ROW = 13
+assert HARDENED.tables[Op.JOIN].rows[_LAST_CALL_ROW].then is Action.MARK_RENDEZVOUS_COMPLETE
+assert HARDENED.tables[Op.JOIN].rows[_JOIN_OPEN_ROW].then is Action.ADD_TO_PARTICIPANTS
+
+SCALE = HARDENED.derive(
+    "scale",
+    description=(
+        "Hardened, with joins that do not contend: a node joining an open round adds "
+        "itself to the round's announcement set (one conflict-free store operation) and "
+        "waits; the node whose announcement reaches min_nodes or max_nodes (or any "
+        "announcer that waited a keep-alive interval in vain) folds the whole set into "
+        "the state in one write, and the last call ends with a fold too."
+    ),
+    rows={
+        (Op.JOIN, _LAST_CALL_ROW): row(
+            ~Atom.COMPLETE,
+            Atom.PARTICIPANT,
+            Atom.SIZE_IN_RANGE,
+            Atom.LAST_CALL_OVER,
+            then=Action.FOLD_AND_COMPLETE,
+            why="last call over: admit the latecomers and complete",
+        ),
+        (Op.JOIN, _JOIN_OPEN_ROW): row(
+            ~Atom.COMPLETE,
+            ~Atom.PARTICIPANT,
+            ~Atom.ANNOUNCED,
+            then=Action.ANNOUNCE,
+            why="the round is open: announce ourselves",
+        ),
+    },
+    insert={
+        (Op.JOIN, _JOIN_OPEN_ROW + 1): row(
+            ~Atom.COMPLETE,
+            ~Atom.PARTICIPANT,
+            Atom.FOLD_DUE,
+            then=Action.FOLD,
+            why="admit everybody announced so far",
+        ),
+    },
+    folds={Action.FOLD: fold_announced, Action.FOLD_AND_COMPLETE: fold_and_complete},
+)
+
 VARIANTS: Mapping[str, Variant] = MappingProxyType(
-    {v.name: v for v in (UPSTREAM, TORCH_213, HARDENED)}
+    {v.name: v for v in (UPSTREAM, TORCH_213, HARDENED, SCALE)}
 )
 """Every named variant, by name."""
 

@@ -32,6 +32,13 @@ class Action(enum.Enum):
     REMOVE_FROM_REDUNDANCY_LIST = "remove_from_redundancy_list"
     MARK_RENDEZVOUS_COMPLETE = "mark_rendezvous_complete"
     MARK_RENDEZVOUS_CLOSED = "mark_rendezvous_closed"
+    ANNOUNCE = "announce"
+    """Add this node to the round's announcement set (a store-side set, no
+    compare-and-set): a later fold admits it. Writes no state."""
+    FOLD = "fold_announcements"
+    """Read the round's announcement set and admit the announced nodes in one write."""
+    FOLD_AND_COMPLETE = "fold_and_complete"
+    """As :attr:`FOLD`, then mark the round complete."""
     SYNC = "sync"
     """Nothing to do yet: wait for the state to change or a timer to fire."""
     ERROR_CLOSED = "error_closed"
@@ -44,10 +51,16 @@ class Action(enum.Enum):
         """True for actions that change the shared state (and so need a write)."""
         return self not in _NON_MUTATING
 
+    @property
+    def folds(self) -> bool:
+        """True for actions whose effect needs the announcement set (read first)."""
+        return self in (Action.FOLD, Action.FOLD_AND_COMPLETE)
+
 
 _NON_MUTATING = frozenset(
     {
         Action.SYNC,
+        Action.ANNOUNCE,
         Action.ERROR_CLOSED,
         Action.ERROR_TIMEOUT,
         Action.ERROR_GRACEFUL_EXIT,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import hypothesis
 import pytest
 import z3
 from hypothesis import given
@@ -162,6 +163,76 @@ def test_symbolic_effect_equals_spec_effect(
     check_effect_agrees(effect, P.SYMBOLIC_EFFECTS[effect], state, settings, who)
 
 
+FOLDS = sorted(P.SYMBOLIC_FOLDS, key=lambda f: f.__name__)
+
+
+def test_every_variant_fold_has_a_symbolic_model() -> None:
+    for variant in VARIANTS.values():
+        for action, fold in variant.folds.items():
+            assert fold in P.SYMBOLIC_FOLDS, f"{variant.name}: {action.value}"
+    assert VARIANTS["scale"].folds  # the check above is not vacuous
+
+
+def check_fold_agrees(
+    fold: E.Fold,
+    model: P.SymFold,
+    state: RendezvousState,
+    settings: Settings,
+    who: int,
+    announced: tuple[NodeId, ...],
+) -> None:
+    w = world()
+    wall = 50
+    members = w.set_of(lambda x: z3.Or(False, *[x == node_const(w, n) for n in announced]))
+    after = model(
+        w,
+        P.concrete_state(w, state),
+        node_const(w, NODES[who]),
+        members,
+        P.concrete_settings(w, settings),
+        z3.IntVal(wall),
+    )
+    real = fold(state, NODES[who], announced, settings, wall)
+    forced(w, list(w.side), state_pairs(w, after, real))
+
+
+@pytest.mark.parametrize("fold", FOLDS, ids=[f.__name__ for f in FOLDS])
+@hypothesis_settings(max_examples=EXAMPLES)
+@given(
+    state=states(),
+    settings=settings_(),
+    who=st.integers(0, 2),
+    announced=st.sets(st.sampled_from(NODES)),
+)
+def test_symbolic_fold_equals_spec_fold(
+    fold: E.Fold,
+    state: RendezvousState,
+    settings: Settings,
+    who: int,
+    announced: set[NodeId],
+) -> None:
+    hypothesis.assume(state.num_participants <= settings.max_nodes)
+    check_fold_agrees(fold, P.SYMBOLIC_FOLDS[fold], state, settings, who, tuple(announced))
+
+
+def test_a_planted_fold_that_ignores_max_nodes_fails_the_proof() -> None:
+    def s_fold_everyone(
+        w: P.World, s: P.SymState, me: Any, announced: Any, st_: P.SymSettings, wall: Any
+    ) -> P.SymState:
+        joined = w.set_of(lambda x: z3.Or(s.participants[x], announced[x]))
+        n = w.fresh("n", z3.IntSort())
+        w.side.extend(w.card_facts(joined, n))
+        return s.evolve(participants=joined, n_participants=n)
+
+    outcomes = P.Prover(VARIANTS["scale"], fold_models={E.fold_announced: s_fold_everyone})
+    failed = {o.name for o in outcomes.prove() if not o.holds}
+    fold_row = next(
+        i for i, r in enumerate(VARIANTS["scale"].table(Op.JOIN).rows) if r.then is Action.FOLD
+    )
+    key = f"scale: join row {fold_row} (fold_announcements) keeps participants_within_max"
+    assert key in failed, sorted(failed)
+
+
 PRUNERS = sorted(P.SYMBOLIC_PRUNERS, key=lambda f: f.__name__)
 
 
@@ -288,8 +359,10 @@ def test_every_obligation_holds_for_every_variant(name: str) -> None:
             assert any(n.startswith(f"{name}: {op.value} row {i} (") for n in names)
     assert f"{name}: sanitize keeps lists_disjoint" in names
     join = VARIANTS[name].table(Op.JOIN)
-    add = next(i for i, r in enumerate(join.rows) if r.then is Action.ADD_TO_PARTICIPANTS)
-    assert f"{name}: join row {add} (add_to_participants) keeps participants_within_max" in names
+    joins = (Action.ADD_TO_PARTICIPANTS, Action.FOLD)
+    add = next(i for i, r in enumerate(join.rows) if r.then in joins)
+    action = join.rows[add].then.value
+    assert f"{name}: join row {add} ({action}) keeps participants_within_max" in names
 
 
 def test_main_exits_zero_and_names_each_obligation(capsys: pytest.CaptureFixture[str]) -> None:

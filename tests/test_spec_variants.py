@@ -12,7 +12,7 @@ from spec.machine import Config, Fail, Local, Now, ReadResult, StartOp, step
 from spec.settings import Settings
 from spec.state import NodeId, RendezvousState
 from spec.tables import Atom, Table, row
-from spec.variants import HARDENED, TORCH_213, UPSTREAM, VARIANTS, Variant, get_variant
+from spec.variants import HARDENED, SCALE, TORCH_213, UPSTREAM, VARIANTS, Variant, get_variant
 from spec.vocabulary import Action, FailKind, Op
 
 
@@ -38,7 +38,13 @@ def test_torch_213_differs_from_upstream_only_in_prune_marks_dirty() -> None:
 
 
 def test_registry_and_lookup() -> None:
-    assert dict(VARIANTS) == {"upstream": UPSTREAM, "torch-2.13": TORCH_213, "hardened": HARDENED}
+    assert dict(VARIANTS) == {
+        "upstream": UPSTREAM,
+        "torch-2.13": TORCH_213,
+        "hardened": HARDENED,
+        "scale": SCALE,
+    }
+    assert [v.announces for v in VARIANTS.values()] == [False, False, False, True]
     assert get_variant("upstream") is UPSTREAM
     assert get_variant("torch-2.13") is TORCH_213
     assert get_variant("hardened") is HARDENED
@@ -65,7 +71,7 @@ def test_unknown_variant_lists_the_known_names(name: str) -> None:
         get_variant(name)
     message = str(info.value)
     assert f"unknown protocol variant {name!r}" in message
-    assert "choose one of: hardened, torch-2.13, upstream" in message
+    assert "choose one of: hardened, scale, torch-2.13, upstream" in message
 
 
 # -- derive --------------------------------------------------------------------------------

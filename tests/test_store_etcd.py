@@ -8,6 +8,7 @@ values are never unpickled.
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Callable
 from datetime import timedelta
@@ -35,6 +36,7 @@ def test_conformance_threads_and_processes(etcd_server: EtcdServer) -> None:
         url=etcd_server.url,
         opener="rdzv.stores.etcd:open_etcd",
         increments=10,
+        sets=True,
     )
 
 
@@ -170,3 +172,91 @@ def test_prefixes_do_not_share_keys_or_wakeups(etcd_server: EtcdServer) -> None:
     assert b.num_keys() == 0
     a.close()
     b.close()
+
+
+# -- member sets (rdzv.store.SetStore) ------------------------------------------------------
+
+
+def _raw_keys(server: EtcdServer, start: bytes) -> list[bytes]:
+    end = start[:-1] + bytes([start[-1] + 1])
+    body = {
+        "key": base64.b64encode(start).decode(),
+        "range_end": base64.b64encode(end).decode(),
+        "keys_only": True,
+    }
+    reply = server.post("/v3/kv/range", body, server.token())
+    return [base64.b64decode(kv["key"]) for kv in reply.get("kvs", [])]
+
+
+def test_member_sets_live_outside_the_key_namespace(etcd_server: EtcdServer) -> None:
+    store = _fresh(etcd_server.url)
+    assert store.add_member("round/1", b"node-b") == 1
+    assert store.add_member("round/1", b"node-a") == 2
+    assert store.add_member("round", b"other") == 1
+    prefix = store.prefix.encode()
+    # One etcd key per member; the set name's length keeps "round" and "round/1" apart.
+    assert _raw_keys(etcd_server, prefix + b"#set/") == [
+        prefix + b"#set/5:round/other",
+        prefix + b"#set/7:round/1/node-a",
+        prefix + b"#set/7:round/1/node-b",
+    ]
+    assert _raw_keys(etcd_server, prefix + b"/") == []
+    assert store.num_keys() == 0
+    assert store.members("round") == [b"other"]
+    store.close()
+
+
+def test_add_member_is_one_transaction(etcd_server: EtcdServer) -> None:
+    store = _fresh(etcd_server.url)
+    store.add_member("s", b"a")
+    before = etcd_server.revision()
+    assert store.add_member("s", b"b") == 2
+    assert etcd_server.revision() - before == 1  # one write: the member's put
+    store.close()
+
+
+def test_a_full_member_set_refuses_new_members(
+    etcd_server: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # etcd cannot compare a count in a transaction: the overflowing member is taken out
+    # again. 3 stands in for the real 1,000,000.
+    monkeypatch.setattr("rdzv.stores.etcd.MAX_SET_MEMBERS", 3)
+    store = _fresh(etcd_server.url)
+    assert [store.add_member("s", m) for m in (b"a", b"b", b"c")] == [1, 2, 3]
+    with pytest.raises(ValueError, match=r"'s' in etcd://.* already holds 3 members"):
+        store.add_member("s", b"d")
+    assert store.members("s") == [b"a", b"b", b"c"]
+    assert store.add_member("s", b"b") == 3  # a member already present is not refused
+    store.close()
+
+
+def test_lost_reply_of_add_member_adds_once(
+    etcd_server: EtcdServer, tcp_proxy: Callable[[int], TcpProxy]
+) -> None:
+    proxy = tcp_proxy(etcd_server.port)
+    store = _fresh(f"etcd://127.0.0.1:{proxy.port}")
+    assert store.add_member("s", b"first") == 1
+    proxy.lose_reply_to(b"prev_kv")
+    # The put is idempotent: the transaction is simply sent again after the lost reply.
+    assert store.add_member("s", b"second") == 2
+    assert proxy.replies_lost == 1
+    assert store.members("s") == [b"first", b"second"]
+    store.close()
+
+
+def test_wiped_server_is_reported_by_member_sets(start_etcd: Callable[..., EtcdServer]) -> None:
+    server = start_etcd()
+    store = _fresh(server.url)
+    store.add_member("s", b"a")
+    server.restart_empty()
+    with pytest.raises(RendezvousConnectionError, match="data directory was wiped"):
+        store.members("s")
+    with pytest.raises(RendezvousConnectionError, match="restart the job"):
+        store.add_member("s", b"b")
+    store.close()
+    other = _fresh(server.url)  # a fresh store on the wiped server: add_member's guard
+    other.add_member("s", b"a")
+    server.restart_empty()
+    with pytest.raises(RendezvousConnectionError, match="data directory was wiped"):
+        other.add_member("s", b"b")
+    other.close()

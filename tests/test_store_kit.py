@@ -12,10 +12,11 @@ import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from rdzv.store import Store
+from rdzv.store import Store, as_bytes
 from rdzv.stores import MemoryStore, SQLiteStore
 from rdzv.stores.sqlite import open_sqlite
 from rdzv.testing import check_store, check_store_across_processes
@@ -138,6 +139,73 @@ class RacyCompareSet(_FirstCallRaces):
         return current
 
 
+class RacyAddMember(_FirstCallRaces):
+    """Sizes computed from a read before the add: concurrent callers share a size."""
+
+    key = "joined"
+
+    def add_member(self, key: str, member: bytes | str) -> int:
+        if not self._racing(key):
+            return super().add_member(key, member)
+        size = len(self.members(key)) + 1
+        self._barrier.wait()  # every thread has counted the same members
+        super().add_member(key, member)
+        return size
+
+
+class CountsCallsNotMembers(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self._calls: dict[str, int] = {}
+
+    def add_member(self, key: str, member: bytes | str) -> int:
+        super().add_member(key, member)
+        self._calls[key] = self._calls.get(key, 0) + 1
+        return self._calls[key]
+
+
+class UnsortedMembers(MemoryStore):
+    def members(self, key: str) -> list[bytes]:
+        return sorted(super().members(key), reverse=True)
+
+
+class SetsAreKeys(MemoryStore):
+    """Keeps a set's name as a plain key too, so get/check/num_keys see it."""
+
+    def add_member(self, key: str, member: bytes | str) -> int:
+        self.set(key, b"a set")
+        return super().add_member(key, member)
+
+
+class TryGetWaits(MemoryStore):
+    def try_get(self, key: str) -> bytes | None:
+        return self.get(key)
+
+
+class NoMemberBounds(MemoryStore):
+    def add_member(self, key: str, member: bytes | str) -> int:
+        with self._shared.cond:
+            members = self._shared.sets.setdefault(key, set())
+            members.add(as_bytes(member))
+            return len(members)
+
+
+class TorchLike:
+    """A correct store without member sets, like torch's own stores."""
+
+    def __init__(self) -> None:
+        self._inner = MemoryStore()
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("add_member", "members", "try_get"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def torch_like() -> Store:
+    return TorchLike()
+
+
 BROKEN: list[tuple[Callable[[], Store], str]] = [
     (OverwritingCompareSet, "'compare_set contract' failed"),
     (SleepsThroughWaitForChange, "'wait_for_change wakes on a write from another thread' failed"),
@@ -150,6 +218,12 @@ BROKEN: list[tuple[Callable[[], Store], str]] = [
     (NumKeysUnsupported, "raised NotImplementedError: num_keys is not supported"),
     (RacyAdd, "'concurrent add() loses no update' failed"),
     (RacyCompareSet, "'concurrent compare_set increments lose no update' failed"),
+    (RacyAddMember, "'concurrent add_member() gives each caller its own size' failed"),
+    (CountsCallsNotMembers, "add_member() of a member already present: expected 2, got 3"),
+    (UnsortedMembers, "'member sets: add_member sizes, duplicates, members order' failed"),
+    (SetsAreKeys, "check() of a name that is only a set: expected False, got True"),
+    (TryGetWaits, "'try_get returns None at once or the value': "),
+    (NoMemberBounds, "a 1025-byte member must raise ValueError, but returned 2"),
 ]
 
 
@@ -177,6 +251,16 @@ def test_the_kit_passes_a_correct_store_that_is_a_subclass() -> None:
         pass
 
     check_store(Plain, threads=THREADS, increments=10, wake_within=QUICK * 10)
+
+
+def test_member_sets_are_required_on_request_and_skipped_otherwise() -> None:
+    with pytest.raises(AssertionError) as caught:
+        check_store(torch_like, threads=THREADS, increments=10, wake_within=QUICK * 10, sets=True)
+    assert "TorchLike lacks add_member/members/try_get" in str(caught.value)
+    # Without sets=True the kit checks a store that has no member sets as a plain Store,
+    # and sets=False skips the member-set properties even of a broken SetStore.
+    check_store(torch_like, threads=THREADS, increments=10, wake_within=QUICK * 10)
+    check_store(UnsortedMembers, threads=THREADS, increments=10, wake_within=QUICK * 10, sets=False)
 
 
 def test_bad_kit_arguments() -> None:
@@ -207,6 +291,19 @@ def open_add_forgets(url: str, timeout: timedelta) -> Store:
     return AddForgets(parsed.path, timeout=timeout)
 
 
+def open_add_member_says_one(url: str, timeout: timedelta) -> Store:
+    """An SQLite store whose add_member always reports size 1."""
+
+    class SaysOne(SQLiteStore):
+        def add_member(self, key: str, member: bytes | str) -> int:
+            super().add_member(key, member)
+            return 1
+
+    parsed = open_sqlite(url, timeout)
+    parsed.close()
+    return SaysOne(parsed.path, timeout=timeout)
+
+
 def open_fails_in_children(url: str, timeout: timedelta) -> Store:
     if multiprocessing.parent_process() is not None:
         raise RuntimeError("planted failure: cannot open the store in a child")
@@ -231,6 +328,17 @@ def db_url(tmp_path: Path) -> str:
 def test_across_processes_catches_lost_adds(db_url: str) -> None:
     with pytest.raises(AssertionError, match=r"3x5 add\(1\) left b'1', expected 15"):
         check_store_across_processes(db_url, opener=f"{__name__}:open_add_forgets", increments=5)
+    assert no_kit_children()
+
+
+@pytest.mark.slow
+def test_across_processes_catches_add_member_sizes_that_are_not_distinct(db_url: str) -> None:
+    with pytest.raises(
+        AssertionError, match=r"3 processes joining one member set got sizes \[1, 1, 1\]"
+    ):
+        check_store_across_processes(
+            db_url, opener=f"{__name__}:open_add_member_says_one", increments=2
+        )
     assert no_kit_children()
 
 

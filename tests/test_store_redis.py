@@ -43,6 +43,7 @@ def test_conformance_threads_and_processes(redis_server: RedisServer) -> None:
         url=redis_server.url,
         opener="rdzv.stores.redis:open_redis",
         increments=10,
+        sets=True,
     )
 
 
@@ -212,3 +213,50 @@ def test_databases_do_not_share_keys_or_wakeups(redis_server: RedisServer) -> No
     cases.check_stores_are_isolated(a, b)
     a.close()
     b.close()
+
+
+# -- member sets (rdzv.store.SetStore) ------------------------------------------------------
+
+
+def test_member_sets_live_outside_the_key_namespace(redis_server: RedisServer) -> None:
+    store = _fresh(redis_server.url, ttl="60")
+    assert store.add_member("round/1", b"node-b") == 1
+    assert store.add_member("round/1", b"node-a") == 2
+    # One Redis set per member set, beside (not inside) the plain keys and their index.
+    raw = redis_server.command("SMEMBERS", f"{store.prefix}#set:round/1")
+    assert sorted(raw) == [b"node-a", b"node-b"]
+    assert int(redis_server.command("EXISTS", f"{store.prefix}:round/1")) == 0
+    assert int(redis_server.command("SCARD", f"{store.prefix}#index")) == 0
+    assert store.num_keys() == 0
+    # The set expires like every key the store writes when ttl is given.
+    assert 0 < int(redis_server.command("PTTL", f"{store.prefix}#set:round/1")) <= 60_000
+    store.close()
+
+
+def test_a_full_member_set_refuses_new_members(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The bound is checked inside the Lua script; 3 stands in for the real 1,000,000.
+    monkeypatch.setattr("rdzv.stores.redis.MAX_SET_MEMBERS", 3)
+    store = _fresh(redis_server.url)
+    assert [store.add_member("s", m) for m in (b"a", b"b", b"c")] == [1, 2, 3]
+    with pytest.raises(ValueError, match=r"'s' in redis://.* already holds 3 members"):
+        store.add_member("s", b"d")
+    assert store.add_member("s", b"b") == 3  # a member already present is not refused
+    assert store.members("s") == [b"a", b"b", b"c"]
+    store.close()
+
+
+def test_lost_reply_of_add_member_adds_once(
+    redis_server: RedisServer, tcp_proxy: Callable[[int], TcpProxy]
+) -> None:
+    proxy = tcp_proxy(redis_server.port)
+    store = _fresh(f"redis://127.0.0.1:{proxy.port}/0")
+    assert store.add_member("s", b"first") == 1  # loads the script
+    proxy.lose_reply_to(b"lost-reply-member")
+    # SADD is idempotent: the script is simply sent again after the lost reply.
+    assert store.add_member("s", b"lost-reply-member") == 2
+    assert proxy.replies_lost == 1
+    assert store.members("s") == [b"first", b"lost-reply-member"]
+    assert store.add_member("s", b"third") == 3
+    store.close()

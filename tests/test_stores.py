@@ -16,13 +16,14 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import rdzv.clock
 import rdzv.testing
 from rdzv.errors import RendezvousConnectionError, StoreTimeoutError
-from rdzv.store import Store
+from rdzv.store import PrefixStore, SetStore, Store, require_set_store
 from rdzv.stores import (
     MemoryStore,
     SQLiteStore,
@@ -72,7 +73,7 @@ def memory_names() -> Iterator[list[str]]:
 
 
 def test_memory_store_conforms() -> None:
-    check_store(MemoryStore)
+    check_store(MemoryStore, sets=True)
 
 
 def test_named_memory_stores_conform(memory_names: list[str]) -> None:
@@ -82,12 +83,12 @@ def test_named_memory_stores_conform(memory_names: list[str]) -> None:
         memory_names.append(f"conformance-{next(numbers)}")
         return open_store(f"memory://{memory_names[-1]}")
 
-    check_store(factory)
+    check_store(factory, sets=True)
 
 
 @pytest.mark.slow
 def test_sqlite_store_conforms_across_threads_and_processes(files: SQLiteFiles) -> None:
-    check_store(files.store, url=f"sqlite://{files.path()}")
+    check_store(files.store, url=f"sqlite://{files.path()}", sets=True)
 
 
 class SplitHandles:
@@ -149,9 +150,18 @@ class SplitHandles:
     def wait_for_change(self, key: str, current: bytes | None, timeout: timedelta) -> bool:
         return self.reader.wait_for_change(key, current, timeout)
 
+    def add_member(self, key: str, member: bytes | str) -> int:
+        return self.writer.add_member(key, member)
+
+    def members(self, key: str) -> list[bytes]:
+        return self.reader.members(key)
+
+    def try_get(self, key: str) -> bytes | None:
+        return self.reader.try_get(key)
+
 
 def test_sqlite_wakeups_across_connections_conform(files: SQLiteFiles) -> None:
-    check_store(lambda: SplitHandles(files.path()))
+    check_store(lambda: SplitHandles(files.path()), sets=True)
 
 
 def test_the_testing_module_re_exports_the_fake_clock() -> None:
@@ -384,6 +394,82 @@ def test_timeout_errors_name_the_keys_and_the_store(store: Store) -> None:
     assert isinstance(caught.value, TimeoutError)
 
 
+# -- member sets: what the kit does not cover --------------------------------------------
+
+
+@pytest.mark.parametrize("module", ["rdzv.stores.memory", "rdzv.stores.sqlite"])
+def test_a_full_member_set_refuses_new_members(
+    module: str, files: SQLiteFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 3 stands in for the real bound of 1,000,000 members.
+    monkeypatch.setattr(f"{module}.MAX_SET_MEMBERS", 3)
+    store = MemoryStore() if module.endswith("memory") else files.store()
+    assert isinstance(store, SetStore)
+    assert [store.add_member("s", m) for m in (b"a", b"b", b"c")] == [1, 2, 3]
+    with pytest.raises(ValueError, match=r"set 's' in (memory|sqlite)://.* already holds 3 memb"):
+        store.add_member("s", b"d")
+    assert store.add_member("s", b"b") == 3  # a member already present is not refused
+    assert store.members("s") == [b"a", b"b", b"c"]
+    assert store.add_member("other", b"d") == 1  # the bound is per set
+    if isinstance(store, SQLiteStore):
+        store.close()
+
+
+class TorchLikeStore:
+    """A correct store without member sets (like torch's own stores)."""
+
+    def __init__(self) -> None:
+        self._inner = MemoryStore()
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("add_member", "members", "try_get"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def test_require_set_store_names_the_store_and_the_fix() -> None:
+    plain = TorchLikeStore()
+    assert isinstance(plain, Store) and not isinstance(plain, SetStore)
+    with pytest.raises(TypeError) as caught:
+        require_set_store(plain, "the scale protocol")
+    message = str(caught.value)
+    assert message.startswith("the scale protocol needs a store with member sets")
+    assert "TorchLikeStore lacks add_member, members, try_get" in message
+    assert "memory://, sqlite://, redis:// or etcd://" in message
+    # A PrefixStore has the methods but passes only when the store under it does.
+    over_plain = PrefixStore("p", plain)
+    with pytest.raises(TypeError, match="TorchLikeStore lacks"):
+        require_set_store(over_plain, "the scale protocol")
+    with pytest.raises(TypeError, match=r"PrefixStore.add_member needs a store with member sets"):
+        over_plain.add_member("s", b"m")
+    memory = MemoryStore()
+    assert require_set_store(memory, "x") is memory
+    over_memory = PrefixStore("p", memory)
+    assert require_set_store(over_memory, "x") is over_memory
+
+
+def test_sqlite_keeps_sets_in_their_own_table(files: SQLiteFiles) -> None:
+    path = files.path()
+    # A file written before member sets existed gains the table when opened.
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE rdzv_kv (key TEXT PRIMARY KEY NOT NULL, value BLOB NOT NULL) WITHOUT ROWID"
+    )
+    old.execute("INSERT INTO rdzv_kv VALUES ('k', x'76')")
+    old.commit()
+    old.close()
+    store = SQLiteStore(path)
+    assert store.add_member("k", b"\x00m") == 1
+    assert store.try_get("k") == b"v" and store.num_keys() == 1
+    store.close()
+    raw = sqlite3.connect(path)
+    try:
+        rows = raw.execute("SELECT key, typeof(member), member FROM rdzv_sets").fetchall()
+        assert rows == [("k", "blob", b"\x00m")]
+    finally:
+        raw.close()
+
+
 # -- SQLite failures: each raises RendezvousConnectionError naming the path ------------
 
 
@@ -557,8 +643,8 @@ def test_conformance_runs_with_unpickling_disabled(
     monkeypatch.setattr(pickle, "loads", refuse)
     monkeypatch.setattr(pickle, "load", refuse)
     monkeypatch.setattr(pickle, "Unpickler", refuse)
-    check_store(MemoryStore, threads=2, increments=5)
-    check_store(files.store, threads=2, increments=5)
+    check_store(MemoryStore, threads=2, increments=5, sets=True)
+    check_store(files.store, threads=2, increments=5, sets=True)
 
 
 @pytest.mark.parametrize(

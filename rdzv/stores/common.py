@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from rdzv.errors import StoreTimeoutError
+from rdzv.store import MAX_MEMBER_BYTES, MAX_SET_MEMBERS, as_bytes
 
 # ``add`` stores its counter as optional minus sign + decimal ASCII digits, like torch.
 # ``int()`` alone would also accept spaces, underscores and non-ASCII digits.
@@ -88,6 +89,30 @@ def check_pairs(keys: Sequence[str], values: Sequence[bytes | str]) -> None:
         raise ValueError(
             f"multi_set got {len(keys)} keys but {len(values)} values; pass one value per key"
         )
+
+
+def check_member(member: object) -> bytes:
+    """A member-set member as bytes (``str`` is UTF-8 encoded), 1 to ``MAX_MEMBER_BYTES``
+    bytes long; raise ``TypeError``/``ValueError`` otherwise."""
+    if not isinstance(member, bytes | str):
+        raise TypeError(f"set members must be bytes or str, got {type(member).__name__}")
+    data = as_bytes(member)
+    if not data or len(data) > MAX_MEMBER_BYTES:
+        raise ValueError(
+            f"a set member must be 1 to {MAX_MEMBER_BYTES} bytes, got {len(data)} bytes "
+            f"({data[:40]!r}{'...' if len(data) > 40 else ''}); announce a short id (e.g. "
+            "the node id) and keep bulky data under a plain key"
+        )
+    return data
+
+
+def set_full_error(key: str, endpoint: str, limit: int = MAX_SET_MEMBERS) -> ValueError:
+    """The error of ``add_member`` when the set already holds ``limit`` members."""
+    return ValueError(
+        f"the member set {key!r} in {endpoint} already holds {limit} members, the "
+        "most a set may hold; use a fresh set per round (e.g. a set name that "
+        "includes the round number)"
+    )
 
 
 def timeout_error(endpoint: str, keys: Sequence[str], waited: float) -> StoreTimeoutError:

@@ -24,6 +24,13 @@ Theory of operation:
   re-read, and they stop at their deadline. Nothing polls.
 - An epoch key ``<prefix>#epoch`` is created at open; every read reads it and every
   write is conditioned on it, so a wiped server is noticed at the next request.
+- Member sets (:class:`~rdzv.store.SetStore`): member ``m`` of set ``k`` is the etcd key
+  ``<prefix>#set/<n>:k/m`` (``n`` is the byte length of ``k``, so no set's key range
+  contains another's), outside the ``<prefix>/`` namespace: ``get``/``check`` never see
+  it and ``num_keys`` does not count it. ``add_member`` is one transaction, guarded by
+  the epoch like every write: a put of the member key and a count-only range over the
+  set's keys, which sees the put. ``members`` is one range read (keys only);
+  ``try_get`` is one read, like ``get`` without the wait.
 - Values are raw bytes; the store never decodes, evaluates or unpickles them.
 
 Failures: transport errors and etcd's "unavailable" answers are retried ``retries``
@@ -50,15 +57,17 @@ from datetime import timedelta
 from typing import Any
 
 from rdzv.errors import RendezvousConnectionError
-from rdzv.store import DEFAULT_STORE_TIMEOUT, as_bytes
+from rdzv.store import DEFAULT_STORE_TIMEOUT, MAX_SET_MEMBERS, as_bytes
 from rdzv.stores.common import (
     cas_refusal,
     check_amount,
     check_key,
     check_keys,
+    check_member,
     check_pairs,
     encode_counter,
     parse_counter,
+    set_full_error,
     wait_seconds,
 )
 from rdzv.stores.remote import (
@@ -168,6 +177,7 @@ class EtcdStore(RemoteStore):
             trust_env=False,
         )
         self._epoch_key = f"{prefix}#epoch".encode()
+        self._sets_ns = f"{prefix}#set/".encode()
         self._open_epoch()
 
     # -- plumbing --------------------------------------------------------------------
@@ -178,6 +188,11 @@ class EtcdStore(RemoteStore):
 
     def _k(self, key: str) -> bytes:
         return self._ns + check_key(key).encode("utf-8")
+
+    def _set_prefix(self, key: str) -> bytes:
+        """The common start of the etcd keys of set ``key``'s members."""
+        name = check_key(key).encode("utf-8")
+        return self._sets_ns + str(len(name)).encode("ascii") + b":" + name + b"/"
 
     def _headers(self) -> dict[str, str]:
         if self._user is None:
@@ -525,7 +540,70 @@ class EtcdStore(RemoteStore):
         deleted = data.get("responses", [{}])[0].get("response_delete_range", {})
         return int(deleted.get("deleted", 0)) > 0
 
+    def add_member(self, key: str, member: bytes | str) -> int:
+        start, data = self._set_prefix(key), check_member(member)
+        ops = [
+            {"request_put": {"key": _b64(start + data), "value": "", "prev_kv": True}},
+            {
+                "request_range": {
+                    "key": _b64(start),
+                    "range_end": _b64(_prefix_end(start)),
+                    "count_only": True,
+                }
+            },
+        ]
+        # The put is idempotent, so _guarded_write's retries may resend the transaction
+        # after an unknown outcome (a lost reply, etcd "timed out"): the member is there
+        # once either way. The size is then the one at the resend, which may count
+        # members other callers added in between.
+        reply = self._guarded_write(ops, "add_member")
+        responses = reply.get("responses", [])
+        if len(responses) != 2:
+            raise RendezvousConnectionError(
+                f"etcd at {self._shown} answered add_member with {len(responses)} responses, "
+                "not 2; check that the server is etcd 3.4 or later"
+            )
+        existed = bool(responses[0].get("response_put", {}).get("prev_kv"))
+        size = int(responses[1].get("response_range", {}).get("count", 0))
+        if size > MAX_SET_MEMBERS and not existed:
+            # etcd cannot compare a count inside a transaction: take the new member out
+            # again, so the set exceeds the bound only for this moment.
+            undo = [{"request_delete_range": {"key": _b64(start + data)}}]
+            self._guarded_write(undo, "add_member")
+            raise set_full_error(key, self._shown, MAX_SET_MEMBERS)
+        return size
+
     # -- reads -----------------------------------------------------------------------
+
+    def members(self, key: str) -> list[bytes]:
+        start = self._set_prefix(key)
+        ops = [
+            {
+                "request_range": {
+                    "key": _b64(start),
+                    "range_end": _b64(_prefix_end(start)),
+                    "keys_only": True,
+                }
+            },
+            {"request_range": {"key": _b64(self._epoch_key)}},
+        ]
+        reply = self._call("members", lambda: self._post("/v3/kv/txn", {"success": ops}, "members"))
+        responses = reply.get("responses", [])
+        if len(responses) != 2:
+            raise RendezvousConnectionError(
+                f"etcd at {self._shown} answered a members read with {len(responses)} "
+                "responses, not 2; check that the server is etcd 3.4 or later"
+            )
+        epoch = responses[1].get("response_range", {}).get("kvs") or [None]
+        seen = None if epoch[0] is None else _unb64(epoch[0].get("value"))
+        if self._epoch is not None and seen != self._epoch:
+            raise self._data_lost(seen)
+        kvs = responses[0].get("response_range", {}).get("kvs") or []
+        return sorted(_unb64(kv.get("key"))[len(start) :] for kv in kvs)
+
+    def try_get(self, key: str) -> bytes | None:
+        values, _ = self._read([self._k(key)], "try_get")
+        return values[0]
 
     def check(self, keys: Sequence[str]) -> bool:
         full = [self._k(k) for k in check_keys(keys)]

@@ -8,7 +8,8 @@ wakes on the write it is waiting for and never polls.
 Stores opened with the same name (``open_store("memory://job1")`` or
 :meth:`MemoryStore.named`) in one process share their data through a process-wide
 registry; :func:`drop_memory_store` forgets a name (handles already open keep the old
-data). Different processes never share a memory store: use ``sqlite://`` for that.
+data). Member sets (:class:`~rdzv.store.SetStore`) are a second dict, of Python sets,
+under the same lock. Different processes never share a memory store: use ``sqlite://`` for that.
 """
 
 from __future__ import annotations
@@ -17,16 +18,18 @@ import threading
 from collections.abc import Sequence
 from datetime import timedelta
 
-from rdzv.store import DEFAULT_STORE_TIMEOUT, as_bytes
+from rdzv.store import DEFAULT_STORE_TIMEOUT, MAX_SET_MEMBERS, as_bytes
 from rdzv.stores.common import (
     BaseStore,
     cas_refusal,
     check_amount,
     check_key,
     check_keys,
+    check_member,
     check_pairs,
     encode_counter,
     parse_counter,
+    set_full_error,
     timeout_error,
     wait_seconds,
 )
@@ -37,10 +40,11 @@ SCHEME = "memory"
 class _Shared:
     """The data behind one or more :class:`MemoryStore` handles."""
 
-    __slots__ = ("cond", "data")
+    __slots__ = ("cond", "data", "sets")
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
+        self.sets: dict[str, set[bytes]] = {}
         self.cond = threading.Condition(threading.Lock())
 
 
@@ -153,7 +157,29 @@ class MemoryStore(BaseStore):
                 self._shared.cond.notify_all()
             return found
 
+    def add_member(self, key: str, member: bytes | str) -> int:
+        key, data = check_key(key), check_member(member)
+        with self._shared.cond:
+            members = self._shared.sets.get(key)
+            if members is None:
+                members = self._shared.sets[key] = set()
+            if data not in members:
+                if len(members) >= MAX_SET_MEMBERS:
+                    raise set_full_error(key, self.endpoint, MAX_SET_MEMBERS)
+                members.add(data)
+            return len(members)
+
     # -- reads ---------------------------------------------------------------------
+
+    def members(self, key: str) -> list[bytes]:
+        key = check_key(key)
+        with self._shared.cond:
+            return sorted(self._shared.sets.get(key, ()))
+
+    def try_get(self, key: str) -> bytes | None:
+        key = check_key(key)
+        with self._shared.cond:
+            return self._shared.data.get(key)
 
     def check(self, keys: Sequence[str]) -> bool:
         names = check_keys(keys)

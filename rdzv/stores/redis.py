@@ -15,6 +15,11 @@ Theory of operation:
 - ``compare_set`` is one Lua script (read, compare, write, publish). ``add`` is one Lua
   script that ``INCRBY``\\ s and records its result under a per-call token for
   ``ADD_RECORD_S`` seconds.
+- Member sets (:class:`~rdzv.store.SetStore`): set ``k`` is the Redis set
+  ``<prefix>#set:k``, outside the ``<prefix>:`` key namespace and its index, so
+  ``get``/``check`` never see it and ``num_keys`` does not count it. ``add_member`` is one
+  Lua script (bound check, ``SADD``, ``SCARD``, expiry); ``members`` is one ``SMEMBERS``,
+  sorted here; ``try_get`` is one ``GET``.
 - Values are raw bytes; the store never decodes, evaluates or unpickles them.
 
 Failures: connection errors and socket timeouts are retried ``retries`` times with
@@ -41,13 +46,15 @@ from datetime import timedelta
 from typing import Any, cast
 
 from rdzv.errors import RendezvousConnectionError
-from rdzv.store import DEFAULT_STORE_TIMEOUT, as_bytes
+from rdzv.store import DEFAULT_STORE_TIMEOUT, MAX_SET_MEMBERS, as_bytes
 from rdzv.stores.common import (
     check_amount,
     check_key,
     check_keys,
+    check_member,
     check_pairs,
     parse_counter,
+    set_full_error,
     wait_seconds,
 )
 from rdzv.stores.remote import (
@@ -141,6 +148,19 @@ redis.call('PUBLISH', ARGV[3], '1')
 return {'ok', new}
 """
 
+# KEYS: set.  ARGV: member, most members, ttl_ms.  Returns the size after, or -1 when
+# the member is new and the set is full.
+_ADD_MEMBER = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0
+   and redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return -1
+end
+redis.call('SADD', KEYS[1], ARGV[1])
+local ttl = tonumber(ARGV[3])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
+return redis.call('SCARD', KEYS[1])
+"""
+
 # KEYS: key, index.  ARGV: channel.
 _DELETE = """
 local n = redis.call('DEL', KEYS[1])
@@ -208,6 +228,7 @@ class RedisStore(RemoteStore):
         self._cas_script: Any = self._client.register_script(_CAS)
         self._add_script: Any = self._client.register_script(_ADD)
         self._delete_script: Any = self._client.register_script(_DELETE)
+        self._add_member_script: Any = self._client.register_script(_ADD_MEMBER)
         self._open_epoch()
 
     # -- plumbing --------------------------------------------------------------------
@@ -261,7 +282,8 @@ class RedisStore(RemoteStore):
             return RendezvousConnectionError(
                 f"the Redis user of {self._shown} may not run what {doing} needs ({exc}); "
                 "grant it the commands GET SET DEL EXISTS MGET INCRBY SADD SREM SCARD "
-                "PEXPIRE EVALSHA SCRIPT PUBLISH SUBSCRIBE on the prefix's keys"
+                "SISMEMBER SMEMBERS PEXPIRE EVALSHA SCRIPT PUBLISH SUBSCRIBE on the prefix's "
+                "keys"
             )
         if isinstance(exc, redis.RedisError):
             return RendezvousConnectionError(
@@ -272,6 +294,9 @@ class RedisStore(RemoteStore):
 
     def _k(self, key: str) -> str:
         return f"{self._prefix}:{check_key(key)}"
+
+    def _set_key(self, key: str) -> str:
+        return f"{self._prefix}#set:{check_key(key)}"
 
     def _channel(self, full_key: str) -> str:
         # Pub/sub channels are global to the server, not per database.
@@ -344,7 +369,30 @@ class RedisStore(RemoteStore):
         )
         return bool(n)
 
+    def add_member(self, key: str, member: bytes | str) -> int:
+        full, data = self._set_key(key), check_member(member)
+        args = [data, MAX_SET_MEMBERS, self._ttl_ms]
+        # SADD is idempotent, so after a lost reply the script is simply sent again (by
+        # _call's retries): the member is added once; the size returned is the one at the
+        # retry, which may count members other callers added in between.
+        size = int(
+            self._call("add_member", lambda: self._add_member_script(keys=[full], args=args))
+        )
+        if size < 0:
+            raise set_full_error(key, self._shown, MAX_SET_MEMBERS)
+        return size
+
     # -- reads -----------------------------------------------------------------------
+
+    def members(self, key: str) -> list[bytes]:
+        full = self._set_key(key)
+        found = self._call("members", lambda: self._client.smembers(full))
+        return sorted(bytes(m) for m in found)
+
+    def try_get(self, key: str) -> bytes | None:
+        full = self._k(key)
+        value = self._call("try_get", lambda: self._client.get(full))
+        return None if value is None else bytes(value)
 
     def check(self, keys: Sequence[str]) -> bool:
         full = [self._k(k) for k in check_keys(keys)]

@@ -4,6 +4,12 @@ Theory of operation:
 
 - One table ``rdzv_kv(key TEXT PRIMARY KEY, value BLOB)``; values are raw bytes, never
   decoded or unpickled. ``add`` keeps decimal ASCII digits, as torch does.
+- Member sets (:class:`~rdzv.store.SetStore`) live in a second table
+  ``rdzv_sets(key TEXT, member BLOB, PRIMARY KEY (key, member))``, so ``num_keys`` (a
+  count of ``rdzv_kv``) never sees them. Both tables are created with ``IF NOT EXISTS``
+  at every connect, so a file written by an older rdzv gains the second table on first
+  open. ``add_member`` is ``INSERT OR IGNORE`` plus a count of the set in one
+  ``BEGIN IMMEDIATE`` transaction.
 - WAL journal mode, so readers never block the writer and vice versa; a writer waits up
   to ``busy_timeout_ms`` for another writer, then the call raises
   :class:`~rdzv.errors.RendezvousConnectionError` (a lock is reported, never waited on
@@ -36,16 +42,18 @@ from typing import TypeVar
 from urllib.parse import unquote
 
 from rdzv.errors import RendezvousConnectionError
-from rdzv.store import DEFAULT_STORE_TIMEOUT, as_bytes
+from rdzv.store import DEFAULT_STORE_TIMEOUT, MAX_SET_MEMBERS, as_bytes
 from rdzv.stores.common import (
     BaseStore,
     cas_refusal,
     check_amount,
     check_key,
     check_keys,
+    check_member,
     check_pairs,
     encode_counter,
     parse_counter,
+    set_full_error,
     timeout_error,
     wait_seconds,
 )
@@ -61,7 +69,9 @@ _CHUNK = 500
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS rdzv_kv "
-    "(key TEXT PRIMARY KEY NOT NULL, value BLOB NOT NULL) WITHOUT ROWID"
+    "(key TEXT PRIMARY KEY NOT NULL, value BLOB NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS rdzv_sets "
+    "(key TEXT NOT NULL, member BLOB NOT NULL, PRIMARY KEY (key, member)) WITHOUT ROWID",
 )
 _URL_PARAMS = ("busy_timeout_ms",)
 
@@ -164,7 +174,8 @@ class SQLiteStore(BaseStore):
                     "put the file on a local filesystem"
                 )
             conn.execute("PRAGMA synchronous = NORMAL")
-            conn.execute(_SCHEMA)
+            for statement in _SCHEMA:
+                conn.execute(statement)
         except BaseException as exc:
             if conn is not None:
                 conn.close()
@@ -365,7 +376,38 @@ class SQLiteStore(BaseStore):
             self._wrote()
         return found
 
+    def add_member(self, key: str, member: bytes | str) -> int:
+        key, data = check_key(key), check_member(member)
+
+        def body(conn: sqlite3.Connection) -> int:
+            added = conn.execute(
+                "INSERT OR IGNORE INTO rdzv_sets (key, member) VALUES (?, ?)", (key, data)
+            ).rowcount
+            size = int(
+                conn.execute("SELECT COUNT(*) FROM rdzv_sets WHERE key = ?", (key,)).fetchone()[0]
+            )
+            if added and size > MAX_SET_MEMBERS:  # raising makes _write roll the insert back
+                raise set_full_error(key, self.endpoint, MAX_SET_MEMBERS)
+            return size
+
+        return self._write("add_member", body)
+
     # -- reads -----------------------------------------------------------------------
+
+    def members(self, key: str) -> list[bytes]:
+        key = check_key(key)
+
+        def body(conn: sqlite3.Connection) -> list[bytes]:
+            rows = conn.execute(
+                "SELECT member FROM rdzv_sets WHERE key = ? ORDER BY member", (key,)
+            ).fetchall()
+            return [bytes(row[0]) for row in rows]
+
+        return self._run("members", body)
+
+    def try_get(self, key: str) -> bytes | None:
+        key = check_key(key)
+        return self._run("try_get", lambda conn: self._get_one(conn, key))
 
     def check(self, keys: Sequence[str]) -> bool:
         names = check_keys(keys)

@@ -1,0 +1,309 @@
+"""The ``scale`` variant: announcements, folds, and the machine steps that carry them.
+
+The fold is checked against its definition (each announced node joining on its own, one
+after the other), the FOLD_DUE atom against each of its three reasons, and the machine
+against a small in-test interpreter (a dict register and announcement sets) in which N
+nodes join one round with a single compare-and-set.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spec.codec import CorruptState, decode, decode_node, encode, encode_node
+from spec.effects import add_to_participants, fold_and_complete, fold_announced
+from spec.invariants import check_state, check_step
+from spec.machine import (
+    Announce,
+    Announced,
+    AnnouncedMembers,
+    CasResult,
+    CompareAndSet,
+    Config,
+    Done,
+    Fail,
+    InvalidTransition,
+    Local,
+    Now,
+    Phase,
+    Read,
+    ReadAnnounced,
+    ReadResult,
+    StartOp,
+    Step,
+    Wait,
+    WokeUp,
+    context,
+    next_timer,
+    step,
+)
+from spec.settings import Settings
+from spec.state import EMPTY_STATE, NodeId, RendezvousState
+from spec.tables import Atom, row
+from spec.variants import HARDENED, SCALE, VARIANTS
+from spec.vocabulary import Action, FailKind, Op
+
+NODES = tuple(NodeId("h", i) for i in range(6))
+WALL = 1_000_000
+
+
+def sequential_fold(
+    state: RendezvousState, announced: tuple[NodeId, ...], settings: Settings, wall: int
+) -> RendezvousState:
+    """The fold's definition: each announced node joins by itself, in sorted order."""
+    new = state
+    for node in sorted(set(announced)):
+        if new.complete:
+            break
+        if new.is_participant(node) or new.is_redundant(node):
+            continue
+        new = add_to_participants(new, node, settings, wall)
+    return new
+
+
+@st.composite
+def open_rounds(draw: st.DrawFn) -> tuple[RendezvousState, Settings]:
+    low = draw(st.integers(1, 4))
+    settings = Settings(min_nodes=low, max_nodes=draw(st.integers(low, 5)))
+    pool = list(NODES)
+    members = draw(st.lists(st.sampled_from(pool), unique=True, max_size=settings.max_nodes - 1))
+    rest = [n for n in pool if n not in members]
+    waiting = draw(st.lists(st.sampled_from(rest), unique=True, max_size=2)) if rest else []
+    rest = [n for n in rest if n not in waiting]
+    spare = draw(st.lists(st.sampled_from(rest), unique=True, max_size=1)) if rest else []
+    listed = [*members, *waiting, *spare]
+    deadline = WALL + 5 if len(members) >= settings.min_nodes else None
+    state = RendezvousState.build(
+        round=draw(st.integers(0, 3)),
+        deadline=deadline,
+        participants={n: 0 for n in members},
+        wait_list=waiting,
+        redundancy_list=spare,
+        last_heartbeats={n: WALL - 1 for n in listed},
+    )
+    return state, settings
+
+
+@given(case=open_rounds(), announced=st.lists(st.sampled_from(NODES), max_size=8))
+def test_fold_is_each_announced_node_joining_in_turn(
+    case: tuple[RendezvousState, Settings], announced: list[NodeId]
+) -> None:
+    state, settings = case
+    folded = fold_announced(state, NODES[0], tuple(announced), settings, WALL)
+    assert folded == sequential_fold(state, tuple(announced), settings, WALL)
+    assert check_step(state, folded, settings) == []
+
+
+@given(case=open_rounds(), announced=st.lists(st.sampled_from(NODES), max_size=8))
+def test_fold_and_complete_ends_the_last_call(
+    case: tuple[RendezvousState, Settings], announced: list[NodeId]
+) -> None:
+    state, settings = case
+    done = fold_and_complete(state, NODES[0], tuple(announced), settings, WALL)
+    folded = sequential_fold(state, tuple(announced), settings, WALL)
+    assert done.participant_nodes() == folded.participant_nodes()
+    viable = settings.min_nodes <= folded.num_participants <= settings.max_nodes
+    assert done.complete is (folded.complete or viable)
+    assert check_step(state, done, settings) == []
+
+
+def test_a_fold_of_a_complete_round_changes_nothing() -> None:
+    settings = Settings(min_nodes=1, max_nodes=3)
+    complete = RendezvousState.build(
+        complete=True, participants={NODES[0]: 0}, last_heartbeats={NODES[0]: WALL}
+    )
+    assert fold_announced(complete, NODES[0], NODES[1:3], settings, WALL) == complete
+
+
+def test_a_fold_starts_the_last_call_when_it_crosses_min_nodes() -> None:
+    settings = Settings(min_nodes=2, max_nodes=4)
+    folded = fold_announced(EMPTY_STATE, NODES[0], NODES[:3], settings, WALL)
+    assert folded.participant_nodes() == NODES[:3]
+    assert folded.deadline == WALL + settings.last_call_timeout
+    assert not folded.complete
+
+
+def test_a_fold_stops_at_max_nodes_and_completes() -> None:
+    settings = Settings(min_nodes=2, max_nodes=3)
+    folded = fold_announced(EMPTY_STATE, NODES[5], NODES[::-1], settings, WALL)
+    assert folded.complete and folded.deadline is None
+    assert folded.participants == ((NODES[0], 0), (NODES[1], 1), (NODES[2], 2))
+
+
+# -- the table and the atoms ---------------------------------------------------------------
+def test_scale_is_a_named_diff_of_hardened() -> None:
+    assert VARIANTS["scale"] is SCALE
+    assert SCALE.parent == HARDENED.name
+    assert len(SCALE.changes) == 5  # two rows replaced, one inserted, two folds
+    actions = [r.then for r in SCALE.table(Op.JOIN).rows]
+    assert Action.ADD_TO_PARTICIPANTS not in actions
+    assert {Action.ANNOUNCE, Action.FOLD, Action.FOLD_AND_COMPLETE} <= set(actions)
+
+
+def test_a_folding_row_without_its_fold_is_rejected() -> None:
+    with pytest.raises(ValueError, match="fold_announcements has no fold"):
+        HARDENED.derive(
+            "broken",
+            description="a fold row and no fold",
+            insert={(Op.JOIN, 0): row(Atom.FOLD_DUE, then=Action.FOLD)},
+        )
+
+
+def _ctx(size: int | None, age: int, participants: int, settings: Settings) -> bool:
+    state = RendezvousState.build(
+        participants={n: 0 for n in NODES[1 : 1 + participants]},
+        last_heartbeats={n: WALL for n in NODES[1 : 1 + participants]},
+    )
+    local = Local(NODES[0], view=state, op=Op.JOIN, deadline=10**9)
+    if size is not None:
+        local = Local(NODES[0], view=state, op=Op.JOIN, deadline=10**9, announced=(0, size, 100))
+    ctx = context(local, Now(100 + age, WALL), Config(settings, SCALE))
+    return Atom.FOLD_DUE.holds(ctx)
+
+
+@pytest.mark.parametrize(
+    ("size", "age", "participants", "due"),
+    [
+        (None, 0, 0, False),  # not announced
+        (4, 0, 0, True),  # filled the round
+        (2, 0, 0, True),  # reached min, nobody folded yet
+        (2, 0, 2, False),  # reached min, somebody folded: wait
+        (3, 0, 2, False),  # between min and max: wait for the fold or the last call
+        (3, 5_001, 2, True),  # waited a keep-alive interval in vain
+    ],
+)
+def test_fold_due_has_three_reasons(
+    size: int | None, age: int, participants: int, due: bool
+) -> None:
+    settings = Settings(min_nodes=2, max_nodes=4)
+    assert _ctx(size, age, participants, settings) is due
+
+
+# -- the machine -----------------------------------------------------------------------------
+def _start_join(local: Local, config: Config, now: Now) -> Step:
+    return step(local, StartOp(Op.JOIN, now.mono + 60_000, now), config)
+
+
+def test_an_announcer_waits_then_a_stale_fold_reads_again() -> None:
+    settings = Settings(min_nodes=2, max_nodes=3)
+    config = Config(settings, SCALE)
+    now = Now(0, WALL)
+    me = NODES[0]
+    s = _start_join(Local(me), config, now)
+    assert isinstance(s.request, Read)
+    s = step(s.local, ReadResult(None, None, now), config)
+    assert s.action is Action.ANNOUNCE and s.request == Announce(0, encode_node(me))
+    assert s.local.phase is Phase.ANNOUNCING
+    s = step(s.local, Announced(1, now), config)
+    assert s.action is Action.SYNC and isinstance(s.request, Wait)
+    # It wakes up to fold itself a keep-alive interval later at the latest.
+    assert s.request.until == settings.keep_alive_interval + 1
+    later = Now(settings.keep_alive_interval + 1, WALL)
+    s = step(s.local, WokeUp(later), config)
+    s = step(s.local, ReadResult(None, None, later), config)
+    assert s.action is Action.FOLD and s.request == ReadAnnounced(0)
+    s = step(s.local, AnnouncedMembers((encode_node(me),), later), config)
+    assert isinstance(s.request, CompareAndSet) and s.local.dirty
+    assert decode(s.request.data).participant_nodes() == (me,)
+
+
+def test_a_corrupt_member_fails_with_corrupt_state() -> None:
+    config = Config(Settings(min_nodes=1, max_nodes=2), SCALE)
+    now = Now(0, WALL)
+    s = _start_join(Local(NODES[0]), config, now)
+    s = step(s.local, ReadResult(None, None, now), config)
+    s = step(s.local, Announced(1, now), config)
+    assert s.action is Action.FOLD
+    s = step(s.local, AnnouncedMembers((b"not a node",), now), config)
+    assert isinstance(s.request, Fail) and s.request.kind is FailKind.CORRUPT_STATE
+    assert "announcement set" in s.request.message
+    assert s.local.phase is Phase.IDLE and s.local.folding is None
+
+
+def test_announcement_answers_out_of_phase_are_refused() -> None:
+    config = Config(Settings(), SCALE)
+    with pytest.raises(InvalidTransition):
+        step(Local(NODES[0]), Announced(1, Now(0, 0)), config)
+    with pytest.raises(InvalidTransition):
+        step(Local(NODES[0]), AnnouncedMembers((), Now(0, 0)), config)
+
+
+class Interpreter:
+    """A linearizable register and announcement sets, serving one request at a time."""
+
+    def __init__(self) -> None:
+        self.data: bytes | None = None
+        self.version = 0
+        self.sets: dict[int, set[bytes]] = {}
+        self.cas = 0
+        self.conflicts = 0
+
+    @property
+    def token(self) -> int | None:
+        return None if self.data is None else self.version
+
+    def serve(self, s: Step, now: Now) -> object:
+        request = s.request
+        if isinstance(request, Read):
+            return ReadResult(self.data, self.token, now)
+        if isinstance(request, CompareAndSet):
+            self.cas += 1
+            ok = request.token == self.token
+            if ok:
+                self.data, self.version = request.data, self.version + 1
+            else:
+                self.conflicts += 1
+            return CasResult(self.data, self.token, ok, now)
+        if isinstance(request, Announce):
+            members = self.sets.setdefault(request.round, set())
+            members.add(request.member)
+            return Announced(len(members), now)
+        if isinstance(request, ReadAnnounced):
+            return AnnouncedMembers(tuple(sorted(self.sets.get(request.round, ()))), now)
+        if isinstance(request, Wait):
+            return WokeUp(now)
+        raise AssertionError(f"unexpected request {request}")
+
+
+@pytest.mark.parametrize("n", [1, 3, 8, 32])
+def test_n_nodes_join_one_round_with_one_write(n: int) -> None:
+    settings = Settings(min_nodes=n, max_nodes=n)
+    config = Config(settings, SCALE)
+    store = Interpreter()
+    now = Now(0, WALL)
+    nodes = [NodeId("h", i) for i in range(n)]
+    steps = {node: _start_join(Local(node), config, now) for node in nodes}
+    # Round robin: each node carries one request at a time, waiting nodes included.
+    for _ in range(20 * n):  # bounded: every node needs a handful of requests
+        pending = [node for node in nodes if not isinstance(steps[node].request, Done)]
+        if not pending:
+            break
+        for node in pending:
+            event = store.serve(steps[node], now)
+            steps[node] = step(steps[node].local, event, config)  # type: ignore[arg-type]
+    assert all(isinstance(s.request, Done) for s in steps.values())
+    assert store.cas == 1 and store.conflicts == 0
+    assert store.data is not None
+    final = decode(store.data)
+    assert final.complete and final.participants == tuple((node, r) for r, node in enumerate(nodes))
+    assert check_state(final, settings) == []
+    assert all(s.local.view == final for s in steps.values())
+
+
+def test_next_timer_without_an_announcement_is_unchanged() -> None:
+    config = Config(Settings(), SCALE)
+    local = Local(NODES[0], op=Op.JOIN, deadline=10_000)
+    ctx = context(local, Now(0, WALL), config)
+    assert next_timer(ctx, config, local) == 10_001
+
+
+def test_node_identities_round_trip_and_garbage_is_refused() -> None:
+    node = NodeId("host.example", 4242, 7)
+    assert decode_node(encode_node(node)) == node
+    assert encode_node(node) == b'["host.example",4242,7]'
+    for garbage in (b"", b"[1,2]", b'["a",1]', b'["a",-1,0]', b"\xff", b'["a",1,2,3]'):
+        with pytest.raises(CorruptState):
+            decode_node(garbage)
+    assert encode(EMPTY_STATE)  # the state codec is untouched by members
