@@ -38,6 +38,7 @@ working on an empty store.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 import uuid
@@ -161,6 +162,19 @@ if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
 return redis.call('SCARD', KEYS[1])
 """
 
+# KEYS: key.  ARGV: the SHA-1 (hex) of the value the caller holds, or "" for "absent".
+# Returns 1 when the key's value differs from that, 0 when it is the same: a waiter learns
+# whether a (possibly large) value changed without the value crossing the network.
+_CHANGED = """
+local v = redis.call('GET', KEYS[1])
+if v == false then
+  if ARGV[1] == '' then return 0 end
+  return 1
+end
+if redis.sha1hex(v) == ARGV[1] then return 0 end
+return 1
+"""
+
 # KEYS: key, index.  ARGV: channel.
 _DELETE = """
 local n = redis.call('DEL', KEYS[1])
@@ -201,6 +215,10 @@ class RedisStore(RemoteStore):
         self._index = f"{prefix}#index"
         self._epoch_key = f"{prefix}#epoch"
         self._lock = threading.Lock()
+        # One subscriber connection per waiting thread, kept between waits (a new
+        # connection per wait costs a handshake, which dominates with many waiters).
+        self._subscribers = threading.local()
+        self._all_subscribers: list[Any] = []
         tls_kwargs: dict[str, Any] = {}
         if tls is not None:
             tls_kwargs = {
@@ -229,13 +247,39 @@ class RedisStore(RemoteStore):
         self._add_script: Any = self._client.register_script(_ADD)
         self._delete_script: Any = self._client.register_script(_DELETE)
         self._add_member_script: Any = self._client.register_script(_ADD_MEMBER)
+        self._changed_script: Any = self._client.register_script(_CHANGED)
         self._open_epoch()
 
     # -- plumbing --------------------------------------------------------------------
 
     def close(self) -> None:
         """Close this store's connections."""
+        with self._lock:
+            subscribers, self._all_subscribers = self._all_subscribers, []
+        for pubsub in subscribers:
+            pubsub.close()
         self._client.close()
+
+    def _subscriber(self) -> Any:
+        """This thread's subscriber connection (created on first use)."""
+        pubsub = getattr(self._subscribers, "pubsub", None)
+        if pubsub is None:
+            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            self._subscribers.pubsub = pubsub
+            with self._lock:
+                self._all_subscribers.append(pubsub)
+        return pubsub
+
+    def _drop_subscriber(self) -> None:
+        """Forget this thread's subscriber after an error (the next wait makes a new one)."""
+        pubsub = getattr(self._subscribers, "pubsub", None)
+        if pubsub is None:
+            return
+        self._subscribers.pubsub = None
+        with self._lock:
+            if pubsub in self._all_subscribers:
+                self._all_subscribers.remove(pubsub)
+        pubsub.close()
 
     def _init_epoch(self) -> bytes:
         self._client.set(self._epoch_key, uuid.uuid4().hex, nx=True)
@@ -428,10 +472,11 @@ class RedisStore(RemoteStore):
     def wait_for_change(self, key: str, current: bytes | None, timeout: timedelta) -> bool:
         full = self._k(key)
         seconds = wait_seconds(timeout)
+        # Compare digests on the server: the value itself never crosses the network.
+        digest = "" if current is None else hashlib.sha1(current, usedforsecurity=False).hexdigest()
 
         def changed() -> bool:
-            value = self._client.get(full)
-            return (None if value is None else bytes(value)) != current
+            return int(self._changed_script(keys=[full], args=[digest])) == 1
 
         return self._wait_until([full], changed, seconds, "wait_for_change")
 
@@ -447,25 +492,32 @@ class RedisStore(RemoteStore):
             return False
         channels = sorted({self._channel(k) for k in full})
 
+        def sleep_on(pubsub: Any) -> bool:
+            while True:  # bounded by the deadline
+                if ready():
+                    return True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                # Sleep until a publication on our channels (or the deadline); the
+                # subscribe confirmations are skipped. A message left over from an
+                # earlier wait only makes this look again (waking early is allowed).
+                end = time.monotonic() + remaining
+                while time.monotonic() < end:
+                    message = pubsub.get_message(timeout=max(0.0, end - time.monotonic()))
+                    if message is not None:
+                        break
+
         def subscribed_wait() -> bool:
-            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            pubsub = self._subscriber()
             try:
                 pubsub.subscribe(*channels)
-                while True:  # bounded by the deadline
-                    if ready():
-                        return True
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return False
-                    # Sleep until a publication on our channels (or the deadline); the
-                    # subscribe confirmations are skipped.
-                    end = time.monotonic() + remaining
-                    while time.monotonic() < end:
-                        message = pubsub.get_message(timeout=max(0.0, end - time.monotonic()))
-                        if message is not None:
-                            break
-            finally:
-                pubsub.close()
+                result = sleep_on(pubsub)
+                pubsub.unsubscribe(*channels)
+            except BaseException:
+                self._drop_subscriber()
+                raise
+            return result
 
         return self._call(doing, subscribed_wait, deadline, expired=lambda: False)
 
