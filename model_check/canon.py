@@ -5,23 +5,42 @@ booleans and None: stable across processes and independent of ``PYTHONHASHSEED``
 ``hash()`` is involved in what gets hashed; dict and set iteration orders never reach
 the encoding because every collection is sorted first).
 
-Symmetry. Processes are interchangeable except for their identities, so a world is
-canonicalised by relabelling every identity it mentions (process identities and every
-node listed in the store or in a local view) to 0, 1, 2, ... in the order of an
-identity-free key, and sorting whole process records:
+Records. A world is taken apart into *records*: the store's state, the announcement sets
+(announcing variants) and one record per process. A record is an identity-free skeleton
+(every field that names no node) plus, for every identity it mentions, that identity's
+*role* in it: for a process, whether it is the process's own identity, how its local view
+lists it (participant, waiting, redundant, heartbeat) and the local liveness clock's entry
+for it (heartbeat value and when first seen); for the store, how the state lists it; for
+the announcement sets, the rounds it announced itself in. Skeleton and roles together are
+the whole record (:data:`ENCODED_FIELDS`), so encoding a world as (store and announcement
+records, sorted process records, faults used, shutdowns) with every identity replaced by a
+label loses nothing but the labels and the process slots.
 
-1. ``role(n)``: how the store lists ``n`` (participant / waiting / redundant, heartbeat);
-2. ``key0(n)``: role plus the records of the processes holding identity ``n``, with every
-   identity inside them replaced by its role (``S`` for the process itself);
-3. ``key1(n)``: key0 plus, for every other process whose view lists ``n``, that
-   process's key0 and how its view lists ``n`` (one round of colour refinement).
+Symmetry. Processes are interchangeable except for their identities, so the reduced
+fingerprint is the encoding under a labelling of the identities (0, 1, 2, ...) that does
+not depend on which identities the world happens to use: a canonical labelling, found by
+individualisation and refinement (the method of graph canonisation tools such as nauty):
 
-Identities still tied after step 3 are permuted exhaustively (all orders of every tied
-group, smallest encoding wins) when the product of the group factorials is at most
-:data:`MAX_TIE_PERMUTATIONS`; tied identities that no other process's view mentions are
-interchangeable and need no permutation. Beyond the cap the input order breaks the tie
-and the fallback is counted (``Canon.fallbacks``): that can only keep two representatives
-of one class (more states, never fewer), because the encoding itself is lossless.
+1. refinement: colour identities and records alternately, an identity by its colour and
+   the (record colour, role) pairs of the records that mention it, a record by its
+   colour and the (role, identity colour) pairs of the identities it mentions, starting
+   from the skeletons, until the colouring is stable;
+2. individualisation: while some colour class holds several identities, try each of
+   them in turn as the first of its class, refine again and recurse;
+3. every leaf (each identity its own colour) labels identities by their colour order;
+   the smallest encoding over all leaves is the canonical one.
+
+Every step depends only on the skeletons, roles and colours, never on an identity's
+value, so relabelling the world's identities leaves the set of leaf encodings, and so its
+minimum, unchanged; and the encoding is lossless, so two worlds get the same fingerprint
+only if one is a relabelling of the other. Pruning keeps the search small: identities
+whose swap maps the world onto itself (twins, tested once per world) can be put in any
+order without changing the leaf encodings, so a group of twins in a class is
+individualised all at once, in one order, and is one branch, not one per member and
+order. Identical idle processes are twins; ties that are not symmetries are rare. The
+search is bounded by :data:`MAX_LEAVES`; past it the smallest encoding seen so far is used
+and counted (``Canon.fallbacks``): still a lossless encoding, so two distinct classes
+never merge, but one class may then keep two representatives.
 
 Ranks. The protocol is symmetric except for rank *values* (ranks are positions in sorted
 identity order). Decisions never read a rank, and every rank property checked (distinct,
@@ -32,37 +51,76 @@ the reduced fingerprint erases rank values. See docs/model_checker.md for the ar
 from __future__ import annotations
 
 import hashlib
-import itertools
-import math
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from model_check.model import ModelConfig, Pc, Proc, World, decode_cached
+from model_check.model import CACHE_LIMIT, ModelConfig, Pc, Proc, World, decode_cached
 from spec import NodeId, Phase, RendezvousState
 
-MAX_TIE_PERMUTATIONS = 24
-"""Largest number of tie-breaking orders tried exactly per canonicalisation."""
+MAX_LEAVES = 40_320
+"""Most leaves (complete labellings) the canonical search visits for one world: 8!, every
+order of eight tied identities even without any pruning."""
 
 Label = Hashable
 
+ENCODED_FIELDS: dict[str, frozenset[str]] = {
+    "World": frozenset({"store", "procs", "used", "closes", "announced", "beats"}),
+    "Proc": frozenset(
+        {"ident", "pc", "local", "skew", "returned", "outcome", "beating", "late", "stood_by"}
+    ),
+    "Returned": frozenset({"round", "rank", "world_size"}),
+    "RendezvousState": frozenset(
+        {
+            *("round", "complete", "closed", "deadline", "participants", "wait_list"),
+            *("redundancy_list", "last_heartbeats"),
+        }
+    ),
+    "Local": frozenset(
+        {
+            *("node", "view", "token", "dirty", "synced_at", "phase", "op", "deadline"),
+            *("seen_beats", "seen_last_call", "announced", "folding"),
+            *("beats", "beat_at", "watched_at", "watch"),
+        }
+    ),
+}
+"""The fields of the world's types that the records carry (a test checks these are all the
+compared fields: one left out would merge worlds that differ in it, identities included)."""
 
-def _state_enc(
-    state: RendezvousState, lab: Mapping[NodeId, Label], ranks: bool
-) -> tuple[object, ...]:
-    if ranks:
-        parts: tuple[object, ...] = tuple(sorted((str(lab[n]), r) for n, r in state.participants))
-    else:
-        parts = tuple(sorted(str(lab[n]) for n, _ in state.participants))
+
+@dataclass(frozen=True, slots=True)
+class _Record:
+    """A store state, the announcement sets or a process: an identity-free skeleton and
+    each identity's role in it."""
+
+    skeleton: str
+    roles: tuple[tuple[NodeId, str], ...]
+
+
+def _listing(state: RendezvousState, n: NodeId, ranks: bool) -> tuple[object, ...]:
     return (
-        state.round,
-        state.complete,
-        state.closed,
-        state.deadline,
-        parts,
-        tuple(sorted(str(lab[n]) for n in state.wait_list)),
-        tuple(sorted(str(lab[n]) for n in state.redundancy_list)),
-        tuple(sorted((str(lab[n]), b) for n, b in state.last_heartbeats)),
+        state.is_participant(n),
+        state.rank_of(n) if ranks else None,
+        state.is_waiting(n),
+        state.is_redundant(n),
+        state.heartbeat_of(n),
     )
+
+
+def _members(state: RendezvousState) -> set[NodeId]:
+    out = {n for n, _ in state.participants}
+    out.update(state.wait_list)
+    out.update(state.redundancy_list)
+    out.update(n for n, _ in state.last_heartbeats)
+    return out
+
+
+def _state_skeleton(state: RendezvousState) -> tuple[object, ...]:
+    return (state.round, state.complete, state.closed, state.deadline)
+
+
+def _store_record(state: RendezvousState, ranks: bool) -> _Record:
+    roles = tuple((n, repr(_listing(state, n, ranks))) for n in sorted(_members(state)))
+    return _Record(repr(("store", *_state_skeleton(state))), roles)
 
 
 def relevant_view(p: Proc, world: World, cfg: ModelConfig) -> bool:
@@ -92,53 +150,111 @@ def relevant_view(p: Proc, world: World, cfg: ModelConfig) -> bool:
     return True
 
 
-def _proc_enc(
-    p: Proc,
-    lab: Mapping[NodeId, Label],
-    ranks: bool,
-    keep_view: bool,
-    state_enc: Callable[[RendezvousState], tuple[object, ...]] | None = None,
-) -> tuple[object, ...]:
+def _proc_record(p: Proc, ranks: bool, keep_view: bool) -> _Record:
+    """``p`` as a record. Its own identity has role ``self``; a node its (relevant) view
+    lists, or its local liveness clock has an entry for, has the listing and the entry."""
     local = p.local
     r = p.returned
     returned = None if r is None else (r.round, r.world_size, r.rank if ranks else None)
-    head: tuple[object, ...] = (
-        str(lab[p.ident]),
-        int(p.pc),
-        p.skew,
-        returned,
-        p.outcome,
-        p.beating,
-        p.late,
-        p.stood_by,
-    )
+    head = (int(p.pc), p.skew, returned, p.outcome, p.beating, p.late, p.stood_by)
     if p.pc in (Pc.CRASHED, Pc.ENDED):
-        return head
-    if local.seen_beats or local.seen_last_call is not None:
-        # The local liveness clock (hardened): what this node has seen and since when
-        # outlives any one read, so it is part of the world whether or not the view is.
-        seen = tuple(sorted((str(lab[n]), v, t) for n, v, t in local.seen_beats))
-        head = (*head, seen, local.seen_last_call)
-    if not keep_view:
-        token = local.token if local.phase is Phase.WAITING else None
-        return (
-            *head,
-            local.phase.value,
-            local.op.value if local.op else None,
-            token,
-            local.dirty,
-            local.deadline,
+        return _Record(repr(("proc", *head)), ((p.ident, "self"),))
+    view = local.view
+    listed = _members(view) if keep_view else set()
+    # The local liveness clock (hardened): what this node has seen and since when outlives
+    # any one read, so it is part of the world whether or not the view is.
+    seen = {n: (v, t) for n, v, t in local.seen_beats}
+    # Heartbeats under keys: the watched nodes' values and when first seen, likewise.
+    watch = {n: (v, t) for n, v, t in local.watch}
+    roles = tuple(
+        (
+            n,
+            repr(
+                (
+                    n == p.ident,
+                    n == local.node,
+                    _listing(view, n, ranks) if n in listed else None,
+                    seen.get(n),
+                    watch.get(n),
+                )
+            ),
         )
-    return (
+        for n in sorted(listed.union(seen, watch, (p.ident, local.node)))
+    )
+    if keep_view:
+        rest: tuple[object, ...] = (local.token, local.synced_at, _state_skeleton(view))
+    else:
+        rest = (local.token if local.phase is Phase.WAITING else None,)
+    skeleton = (
+        "proc",
         *head,
+        local.seen_last_call,
         local.phase.value,
         None if local.op is None else local.op.value,
-        local.token,
         local.dirty,
         local.deadline,
-        local.synced_at,
-        _state_enc(local.view, lab, ranks) if state_enc is None else state_enc(local.view),
+        local.announced,
+        None if local.folding is None else local.folding.value,
+        local.beats,
+        local.beat_at,
+        local.watched_at,
+        keep_view,
+        *rest,
     )
+    return _Record(repr(skeleton), roles)
+
+
+def _announcements_record(announced: tuple[tuple[int, NodeId], ...]) -> _Record:
+    """The announcement sets (announcing variants): each node's role is the rounds it
+    announced itself in."""
+    rounds: dict[NodeId, list[int]] = {}
+    for r, n in announced:
+        rounds.setdefault(n, []).append(r)
+    return _Record("('announced',)", tuple((n, repr(sorted(rounds[n]))) for n in sorted(rounds)))
+
+
+_RECORDS: dict[tuple[object, bool, bool], _Record] = {}
+"""Records already built (processes and stores recur in many worlds); cleared when it
+holds :data:`CACHE_LIMIT` entries."""
+
+
+def _cached(key: tuple[object, bool, bool], build: Callable[[], _Record]) -> _Record:
+    rec = _RECORDS.get(key)
+    if rec is None:
+        if len(_RECORDS) >= CACHE_LIMIT:
+            _RECORDS.clear()
+        rec = build()
+        _RECORDS[key] = rec
+    return rec
+
+
+def _records(
+    world: World, cfg: ModelConfig, ranks: bool
+) -> tuple[list[_Record | None], list[_Record]]:
+    """The world's records: those with a fixed place (the store, the announcement sets,
+    the heartbeat keys; None if absent) and one per process (interchangeable, except for
+    what they hold)."""
+    data = world.store
+    store = (
+        None
+        if data is None
+        else _cached((data, ranks, True), lambda: _store_record(decode_cached(data), ranks))
+    )
+    announced = _announcements_record(world.announced) if world.announced else None
+    beats = (
+        _Record("('beats',)", tuple((n, repr(v)) for n, v in sorted(world.beats)))
+        if world.beats
+        else None
+    )
+    procs = []
+    for p in world.procs:
+        keep = relevant_view(p, world, cfg)
+        procs.append(_cached((p, ranks, keep), lambda: _proc_record(p, ranks, keep)))  # noqa: B023
+    return [store, announced, beats], procs
+
+
+def _labelled(rec: _Record, lab: Callable[[NodeId], Label]) -> tuple[object, ...]:
+    return (rec.skeleton, tuple(sorted((lab(n), role) for n, role in rec.roles)))
 
 
 def _digest(enc: object) -> bytes:
@@ -150,39 +266,171 @@ def plain_fingerprint(world: World, cfg: ModelConfig) -> bytes:
     return _digest(plain_encoding(world, cfg))
 
 
+def _identity(n: NodeId) -> Label:
+    return (n.addr, n.pid, n.local_id)
+
+
 def plain_encoding(world: World, cfg: ModelConfig) -> tuple[object, ...]:
-    lab = _Identity()
-    store = None if world.store is None else _state_enc(decode_cached(world.store), lab, True)
-    procs = tuple(_proc_enc(p, lab, True, relevant_view(p, world, cfg)) for p in world.procs)
-    return (store, procs, world.used, world.closes)
-
-
-class _Identity(dict[NodeId, Label]):
-    """A labelling that maps every identity to itself."""
-
-    def __missing__(self, key: NodeId) -> Label:
-        return f"{key.addr}/{key.pid:06d}/{key.local_id}"
-
-
-class _Relabel(dict[NodeId, Label]):
-    """A labelling that maps the process's own identity to 'S' and others by ``base``."""
-
-    def __init__(self, me: NodeId, base: Mapping[NodeId, Label]) -> None:
-        super().__init__()
-        self.me = me
-        self.base = base
-
-    def __missing__(self, key: NodeId) -> Label:
-        return "S" if key == self.me else self.base[key]
-
-
-def _listing(state: RendezvousState, n: NodeId) -> tuple[object, ...]:
+    fixed, procs = _records(world, cfg, True)
     return (
-        state.is_participant(n),
-        state.is_waiting(n),
-        state.is_redundant(n),
-        state.heartbeat_of(n),
+        tuple(None if rec is None else _labelled(rec, _identity) for rec in fixed),
+        tuple(_labelled(p, _identity) for p in procs),
+        world.used,
+        world.closes,
     )
+
+
+# -- canonical labelling ---------------------------------------------------------------------
+_Enc = tuple[int, tuple[tuple[int, int], ...]]
+"""A record as small ints: skeleton, and (label, role) pairs (valid within one world)."""
+_Leaf = tuple[tuple[tuple[_Enc, ...], ...], tuple[_Enc, ...]]
+"""A world as small ints: the records with a fixed place (each as a tuple of none or
+one record) and the sorted process records."""
+
+
+def _compress(signatures: list[tuple[int, tuple[tuple[int, int], ...]]]) -> tuple[list[int], int]:
+    """Replace each signature by its position among the distinct ones (sorted): an order
+    that depends on the signatures only. Returns the colours and how many there are."""
+    distinct = sorted(set(signatures))
+    index = {s: i for i, s in enumerate(distinct)}
+    return [index[s] for s in signatures], len(distinct)
+
+
+def _cells(colours: list[int]) -> dict[int, list[int]]:
+    cells: dict[int, list[int]] = {}
+    for i, c in enumerate(colours):
+        cells.setdefault(c, []).append(i)
+    return cells
+
+
+class _Search:
+    """The canonical labelling search for one world.
+
+    Identities are numbered 0..k-1 and records 0..R-1 in input order; skeletons and roles
+    by their sorted text. Nothing the search decides depends on the identity numbers,
+    except the order within a group of twins, which does not change the result.
+    """
+
+    def __init__(self, fixed: list[_Record | None], procs: list[_Record]) -> None:
+        self.fixed = [rec is not None for rec in fixed]
+        records = [rec for rec in fixed if rec is not None] + procs
+        node_index: dict[NodeId, int] = {}
+        for rec in records:
+            for n, _ in rec.roles:
+                node_index.setdefault(n, len(node_index))
+        self.k = len(node_index)
+        self.skeletons = sorted({rec.skeleton for rec in records})
+        self.roles = sorted({role for rec in records for _, role in rec.roles})
+        skel_id = {s: i for i, s in enumerate(self.skeletons)}
+        role_id = {s: i for i, s in enumerate(self.roles)}
+        self.rec_skel = [skel_id[rec.skeleton] for rec in records]
+        self.rec_roles = [
+            tuple((node_index[n], role_id[role]) for n, role in rec.roles) for rec in records
+        ]
+        self.incidence: list[list[tuple[int, int]]] = [[] for _ in range(self.k)]
+        for r, pairs in enumerate(self.rec_roles):
+            for i, role in pairs:
+                self.incidence[i].append((r, role))
+        self.twin_of = list(range(self.k))
+        self.leaves = 0
+        self.best: _Leaf | None = None
+
+    def refine(self, node_col: list[int], rec_col: list[int]) -> tuple[list[int], list[int]]:
+        """Refine to a stable colouring. Bounded: every round but the last splits a class
+        of identities or records, and there are at most k + R classes."""
+        n_node, n_rec = len(set(node_col)), len(set(rec_col))
+        for _ in range(self.k + len(rec_col) + 1):
+            rec_sig = [
+                (rec_col[r], tuple(sorted((role, node_col[i]) for i, role in pairs)))
+                for r, pairs in enumerate(self.rec_roles)
+            ]
+            rec_col, new_n_rec = _compress(rec_sig)
+            node_sig = [
+                (node_col[i], tuple(sorted((rec_col[r], role) for r, role in inc)))
+                for i, inc in enumerate(self.incidence)
+            ]
+            node_col, new_n_node = _compress(node_sig)
+            if new_n_node == n_node and new_n_rec == n_rec:
+                break
+            n_node, n_rec = new_n_node, new_n_rec
+        return node_col, rec_col
+
+    def encode(self, labels: list[int]) -> _Leaf:
+        encs: list[_Enc] = [
+            (skel, tuple(sorted((labels[i], role) for i, role in pairs)))
+            for skel, pairs in zip(self.rec_skel, self.rec_roles, strict=True)
+        ]
+        fixed: list[tuple[_Enc, ...]] = []
+        for present in self.fixed:
+            fixed.append((encs.pop(0),) if present else ())
+        return (tuple(fixed), tuple(sorted(encs)))
+
+    def twins(self, a: int, b: int) -> bool:
+        """Whether swapping identities ``a`` and ``b`` maps the world onto itself. Only
+        the records that mention either can change (a fixed record's skeleton is unlike
+        any other's, so it can only map onto itself)."""
+        touched = sorted({r for r, _ in self.incidence[a]} | {r for r, _ in self.incidence[b]})
+        swap = {a: b, b: a}
+        before = sorted((self.rec_skel[r], tuple(sorted(self.rec_roles[r]))) for r in touched)
+        after = sorted(
+            (
+                self.rec_skel[r],
+                tuple(sorted((swap.get(i, i), role) for i, role in self.rec_roles[r])),
+            )
+            for r in touched
+        )
+        return before == after
+
+    def run(self) -> tuple[object, ...]:
+        """The smallest leaf encoding, with skeletons and roles spelled out (the small
+        ints only compare within one world)."""
+        node_col, rec_col = self.refine([0] * self.k, list(self.rec_skel))
+        for members in _cells(node_col).values():
+            heads: list[int] = []
+            for i in members:
+                head = next((h for h in heads if self.twins(h, i)), None)
+                if head is None:
+                    heads.append(i)
+                else:
+                    self.twin_of[i] = head
+        self._search(node_col, rec_col)
+        assert self.best is not None, "the search visits at least one leaf"
+        fixed, procs = self.best
+
+        def spell(enc: _Enc) -> tuple[object, ...]:
+            skel, pairs = enc
+            return (self.skeletons[skel], tuple((lab, self.roles[role]) for lab, role in pairs))
+
+        return (
+            tuple(spell(rec[0]) if rec else None for rec in fixed),
+            tuple(spell(p) for p in procs),
+        )
+
+    def _search(self, node_col: list[int], rec_col: list[int]) -> None:
+        cells = _cells(node_col)
+        if len(cells) == self.k:
+            self.leaves += 1
+            enc = self.encode(node_col)
+            if self.best is None or enc < self.best:
+                self.best = enc
+            return
+        target = min(c for c, members in cells.items() if len(members) > 1)
+        groups: dict[int, list[int]] = {}
+        for v in cells[target]:
+            groups.setdefault(self.twin_of[v], []).append(v)
+        # Every order of a group of twins maps the world onto itself and keeps the
+        # colouring, so one order of the group stands for all of them: the group goes
+        # first in its class, its members in index order, and the search tries each group.
+        k = self.k
+        for group in groups.values():
+            if self.leaves >= MAX_LEAVES:
+                return
+            first = {v: j for j, v in enumerate(group)}
+            split = [
+                (2 * c + 1) * k + first[i] if i in first else (2 * c + 2) * k
+                for i, c in enumerate(node_col)
+            ]
+            self._search(*self.refine(split, rec_col))
 
 
 @dataclass
@@ -192,118 +440,19 @@ class Canon:
     cfg: ModelConfig
     calls: int = 0
     fallbacks: int = 0
+    """Worlds whose search stopped at :data:`MAX_LEAVES` (encoding perhaps not minimal)."""
     permuted: int = 0
+    """Worlds whose search compared more than one leaf."""
 
     def fingerprint(self, world: World) -> bytes:
         return _digest(self.encoding(world))
 
     def encoding(self, world: World) -> tuple[object, ...]:
         self.calls += 1
-        store = None if world.store is None else decode_cached(world.store)
-        ids: set[NodeId] = set()
-        keep = [relevant_view(p, world, self.cfg) for p in world.procs]
-        for p, k in zip(world.procs, keep, strict=True):
-            ids.add(p.ident)
-            if k:
-                _collect(p.local.view, ids)
-            ids.update(n for n, _, _ in p.local.seen_beats)
-        if store is not None:
-            _collect(store, ids)
-        empty = RendezvousState()
-        base = store if store is not None else empty
-        role: dict[NodeId, Label] = {n: repr(_listing(base, n)) for n in ids}
-        by_ident: dict[NodeId, list[tuple[Proc, bool]]] = {}
-        for p, k in zip(world.procs, keep, strict=True):
-            by_ident.setdefault(p.ident, []).append((p, k))
-        key0: dict[NodeId, str] = {}
-        for n in ids:
-            recs = sorted(
-                repr(_proc_enc(p, _Relabel(n, role), False, k)) for p, k in by_ident.get(n, [])
-            )
-            key0[n] = repr((role[n], recs))
-        # One round of refinement: who else lists n, and how.
-        seen_by: dict[NodeId, list[str]] = {n: [] for n in ids}
-        for p, k in zip(world.procs, keep, strict=True):
-            if not k:
-                continue
-            view = p.local.view
-            for m in _members(view):
-                if m != p.ident:
-                    seen_by[m].append(repr((key0[p.ident], _listing(view, m))))
-        key1 = {n: repr((key0[n], sorted(seen_by[n]))) for n in ids}
-        order = sorted(ids, key=lambda n: (key1[n], n))
-        groups: list[list[NodeId]] = []
-        for _, grp in itertools.groupby(order, key=lambda n: key1[n]):
-            groups.append(list(grp))
-        # Ties among identities other processes mention must be broken exactly.
-        mentioned = {n for n in ids if seen_by[n]}
-        tied = [g for g in groups if len(g) > 1 and any(n in mentioned for n in g)]
-        if not tied:
-            return _encode(world, store, order, keep)
-        # A tied group whose swap and rotation leave the encoding unchanged is a group of
-        # automorphisms (the swap and the rotation generate every order), so any order of
-        # it gives the same encoding; only the other tied groups need the exhaustive step.
-        base_enc = _encode(world, store, order, keep)
-        base_text = repr(base_enc)
-        position = {n: i for i, n in enumerate(order)}
-        hard: list[list[NodeId]] = []
-        for g in tied:
-            gens = [[g[1], g[0], *g[2:]]]
-            if len(g) > 2:
-                gens.append([*g[1:], g[0]])
-            for perm in gens:
-                candidate = list(order)
-                for n, m in zip(g, perm, strict=True):
-                    candidate[position[n]] = m
-                if repr(_encode(world, store, candidate, keep)) != base_text:
-                    hard.append(g)
-                    break
-        if not hard:
-            return base_enc
-        count = math.prod(math.factorial(len(g)) for g in hard)
-        if count > MAX_TIE_PERMUTATIONS:
+        search = _Search(*_records(world, self.cfg, False))
+        fixed, procs = search.run()
+        if search.leaves > 1:
+            self.permuted += 1
+        if search.leaves >= MAX_LEAVES:
             self.fallbacks += 1
-            return base_enc
-        self.permuted += 1
-        best, best_text = base_enc, base_text
-        for choice in itertools.product(*(itertools.permutations(g) for g in hard)):
-            candidate = list(order)
-            for g, order_g in zip(hard, choice, strict=True):
-                for n, m in zip(g, order_g, strict=True):
-                    candidate[position[n]] = m
-            enc = _encode(world, store, candidate, keep)
-            text = repr(enc)
-            if text < best_text:
-                best, best_text = enc, text
-        return best
-
-
-def _members(state: RendezvousState) -> set[NodeId]:
-    out = {n for n, _ in state.participants}
-    out.update(state.wait_list)
-    out.update(state.redundancy_list)
-    out.update(n for n, _ in state.last_heartbeats)
-    return out
-
-
-def _collect(state: RendezvousState, into: set[NodeId]) -> None:
-    into.update(_members(state))
-
-
-def _encode(
-    world: World, store: RendezvousState | None, order: list[NodeId], keep: list[bool]
-) -> tuple[object, ...]:
-    lab: dict[NodeId, Label] = {n: f"{i:04d}" for i, n in enumerate(order)}
-    memo: dict[int, tuple[object, ...]] = {}
-
-    def state_enc(state: RendezvousState) -> tuple[object, ...]:
-        got = memo.get(id(state))
-        if got is None:
-            got = _state_enc(state, lab, False)
-            memo[id(state)] = got
-        return got
-
-    store_enc = None if store is None else state_enc(store)
-    encs = (_proc_enc(p, lab, False, k, state_enc) for p, k in zip(world.procs, keep, strict=True))
-    procs = tuple(sorted(encs, key=repr))
-    return (store_enc, procs, world.used, world.closes)
+        return (fixed, procs, world.used, world.closes)

@@ -39,6 +39,9 @@ from spec import (
     Announce,
     Announced,
     AnnouncedMembers,
+    Beat,
+    Beaten,
+    BeatValues,
     CasResult,
     CompareAndSet,
     Config,
@@ -53,6 +56,7 @@ from spec import (
     Phase,
     Read,
     ReadAnnounced,
+    ReadBeats,
     ReadResult,
     RendezvousState,
     Settings,
@@ -61,6 +65,9 @@ from spec import (
     Wait,
     WokeUp,
 )
+
+BEAT_MODULUS = 4
+"""Heartbeat-key values count modulo this in the model (see ``machine_config``)."""
 
 MAX_LOCAL_STEPS = 32
 """Bound on machine steps one node takes within a single move (fused reads, and ops that
@@ -163,7 +170,10 @@ class ModelConfig:
 
     @functools.cached_property
     def machine_config(self) -> Config:
-        return Config(self.settings, self.variant)
+        # Heartbeat values only need to differ from the last one an observer saw; a small
+        # modulus keeps the state space finite (a watcher reads at least once per tick
+        # and a node beats at most once per tick, so values never wrap unseen).
+        return Config(self.settings, self.variant, beat_modulus=BEAT_MODULUS)
 
     def skew_of(self, slot: int) -> int:
         return self.skew_ticks if slot == 0 else 0
@@ -207,6 +217,8 @@ class World:
     """Shutdown calls made so far."""
     announced: tuple[tuple[int, NodeId], ...] = ()
     """The announcement sets (announcing variants): sorted (round, node) pairs."""
+    beats: tuple[tuple[NodeId, bytes], ...] = ()
+    """The heartbeat keys (heartbeats under keys): sorted (node, value) pairs."""
 
     @property
     def faults_used(self) -> int:
@@ -289,11 +301,23 @@ def _store_token(world: World) -> int | None:
     return None if world.store is None else 1
 
 
+_IO_PHASES = frozenset(
+    {
+        Phase.READING,
+        Phase.WRITING,
+        Phase.ANNOUNCING,
+        Phase.READING_ANNOUNCED,
+        Phase.BEATING,
+        Phase.WATCHING,
+    }
+)
+
+
 def _can_progress(world: World, p: Proc) -> bool:
     if p.pc in (Pc.NEW, Pc.MEMBER, Pc.ENDED, Pc.CRASHED):
         return False
     phase = p.local.phase
-    if phase in (Phase.READING, Phase.WRITING, Phase.ANNOUNCING, Phase.READING_ANNOUNCED):
+    if phase in _IO_PHASES:
         return True
     return phase is Phase.WAITING and p.local.token != _store_token(world)
 
@@ -348,13 +372,21 @@ class _Run:
         self.used = list(world.used)
         self.closes = world.closes
         self.announced = world.announced
+        self.beats = world.beats
         self.faults_before = world.faults_used
         self.fuse_reads = cfg.fuse_reads
         self.notes: list[str] = []
         self.violations: list[Violation] = []
 
     def world(self) -> World:
-        return World(self.store, tuple(self.procs), tuple(self.used), self.closes, self.announced)
+        return World(
+            self.store,
+            tuple(self.procs),
+            tuple(self.used),
+            self.closes,
+            self.announced,
+            self.beats,
+        )
 
     def now(self, p: Proc) -> Now:
         return Now(0, p.skew * self.cfg.tick_ms)
@@ -381,6 +413,19 @@ class _Run:
                 self.note(f"announcements <- {p.ident} in round {local.view.round}")
             size = sum(1 for r, _ in self.announced if r == local.view.round)
             self.feed(slot, Announced(size, now))
+            return
+        if local.phase is Phase.BEATING:
+            value = str((local.beats + 1) % BEAT_MODULUS).encode("ascii")
+            others = tuple(entry for entry in self.beats if entry[0] != p.ident)
+            self.beats = tuple(sorted((*others, (p.ident, value))))
+            if not p.beating:
+                self.procs[slot] = replace(p, beating=True)
+            self.feed(slot, Beaten(now))
+            return
+        if local.phase is Phase.WATCHING:
+            table = dict(self.beats)
+            nodes = spec.watched(local.view, p.ident)
+            self.feed(slot, BeatValues(tuple(table.get(n) for n in nodes), now))
             return
         if local.phase is Phase.READING_ANNOUNCED:
             members = tuple(spec.encode_node(n) for r, n in self.announced if r == local.view.round)
@@ -442,7 +487,9 @@ class _Run:
                 # Macro-step: a read is fused with the local work that issued it.
                 event = ReadResult(self.store, None if self.store is None else 1, self.now(p))
                 continue
-            if isinstance(request, Read | CompareAndSet | Wait | Announce | ReadAnnounced):
+            if isinstance(
+                request, Read | CompareAndSet | Wait | Announce | ReadAnnounced | Beat | ReadBeats
+            ):
                 return
             nxt = self.after_op(slot, request)
             if nxt is None:
@@ -763,6 +810,15 @@ def _tick(run: _Run) -> None:
             (n, max(v - t, floor_beat), max(at - t, -settings.heartbeat_expiry - t))
             for n, v, at in local.seen_beats
         )
+        beat_at = local.beat_at
+        if beat_at is not None:
+            beat_at = max(beat_at - t, -settings.keep_alive_interval - t)
+        watched_at = local.watched_at
+        if watched_at is not None:
+            watched_at = max(watched_at - t, -settings.keep_alive_interval - t)
+        watch = tuple(
+            (n, v, max(at - t, -settings.heartbeat_expiry - t)) for n, v, at in local.watch
+        )
         announced = local.announced
         if announced is not None:
             at = max(announced[2] - t, -settings.keep_alive_interval - t)
@@ -783,6 +839,9 @@ def _tick(run: _Run) -> None:
                 seen_beats=seen_beats,
                 seen_last_call=seen_call,
                 announced=announced,
+                beat_at=beat_at,
+                watched_at=watched_at,
+                watch=watch,
             ),
         )
     for slot, p in enumerate(run.procs):

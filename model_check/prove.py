@@ -64,8 +64,8 @@ from spec.invariants import STATE_INVARIANTS, STEP_INVARIANTS, check_state, chec
 from spec.settings import Settings, SettingsError
 from spec.state import NodeId, RendezvousState
 from spec.tables import Atom, Context, Table
-from spec.variants import LOCAL, VARIANTS, Variant
-from spec.vocabulary import Op
+from spec.variants import KEY_BEATS, LOCAL, VARIANTS, Variant
+from spec.vocabulary import Action, Op
 
 Z = Any
 """A z3 expression (z3 ships no type stubs)."""
@@ -376,12 +376,46 @@ class SymContext:
     current round (0: it has not announced in this round)."""
     announce_age: Z | None = None
     """Announcing variants only: time since this node announced."""
+    beat_age: Z | None = None
+    """Heartbeats under keys: time since this node last beat (negative: never)."""
+    watch_age: Z | None = None
+    """Heartbeats under keys: time since this node last read its watched keys
+    (negative: never)."""
+    any_dead: Z | None = None
+    """Heartbeats under keys: some watched node is dead by this node's clock."""
+
+
+def _listed(c: SymContext) -> Z:
+    s, me = c.state, c.node
+    return s.participants[me] | s.waiting[me] | s.redundant[me]
+
+
+def _beat_due(w: World, c: SymContext) -> Z:
+    z3 = w.z3
+    if c.beat_age is None:
+        return _listed(c)
+    return z3.And(_listed(c), z3.Or(c.beat_age < 0, c.beat_age >= c.settings.keep_alive_interval))
+
+
+def _watch_due(w: World, c: SymContext) -> Z:
+    z3 = w.z3
+    member = z3.And(c.state.complete, c.state.participants[c.node])
+    if c.watch_age is None:
+        return member
+    return z3.And(member, z3.Or(c.watch_age < 0, c.watch_age >= c.settings.keep_alive_interval))
+
+
+def _age_or_none(num: Callable[[Z], int], age: Z | None) -> int | None:
+    if age is None:
+        return None
+    value = num(age)
+    return None if value < 0 else value
 
 
 def _announced(w: World, c: SymContext) -> Z:
-    if c.announce_size is None:
+    if c.announce_size is None or c.announce_age is None:
         return w.z3.BoolVal(False)
-    return c.announce_size >= 1
+    return w.z3.And(c.announce_size >= 1, c.announce_age <= c.settings.keep_alive_interval)
 
 
 def _fold_due(w: World, c: SymContext) -> Z:
@@ -390,12 +424,8 @@ def _fold_due(w: World, c: SymContext) -> Z:
         return z3.BoolVal(False)
     size, st, n = c.announce_size, c.settings, c.state.n_participants
     return z3.And(
-        size >= 1,
-        z3.Or(
-            size >= st.max_nodes,
-            z3.And(size >= st.min_nodes, n < st.min_nodes),
-            c.announce_age > st.keep_alive_interval,
-        ),
+        _announced(w, c),
+        z3.Or(size >= st.max_nodes, z3.And(size >= st.min_nodes, n < st.min_nodes)),
     )
 
 
@@ -426,6 +456,9 @@ ATOM_FORMULAS: Mapping[Atom, Callable[[World, SymContext], Z]] = {
     ),
     Atom.ANNOUNCED: _announced,
     Atom.FOLD_DUE: _fold_due,
+    Atom.BEAT_DUE: _beat_due,
+    Atom.WATCH_DUE: _watch_due,
+    Atom.MONITORED_DEAD: lambda w, c: w.z3.BoolVal(False) if c.any_dead is None else c.any_dead,
 }
 """Each atom's definition (``spec.tables.ATOM_PREDICATES``) as a formula."""
 
@@ -878,6 +911,7 @@ class Prover:
         self.fold_models = {**SYMBOLIC_FOLDS, **(fold_models or {})}
         self.timeout_ms = timeout_ms
         self._announcing = variant.announces
+        self._key_beats = variant.heartbeats == KEY_BEATS
 
     # -- worlds, contexts, solvers ---------------------------------------------------------
     def world(self, nodes: int | None = None) -> World:
@@ -915,6 +949,9 @@ class Prover:
             ),
             announce_size=w.fresh("announce_size", z3.IntSort()) if self._announcing else None,
             announce_age=w.fresh("announce_age", z3.IntSort()) if self._announcing else None,
+            beat_age=w.fresh("beat_age", z3.IntSort()) if self._key_beats else None,
+            watch_age=w.fresh("watch_age", z3.IntSort()) if self._key_beats else None,
+            any_dead=w.fresh("any_dead", z3.BoolSort()) if self._key_beats else None,
         )
         if ctx.announce_size is not None and ctx.announce_age is not None:
             facts += [ctx.announce_size >= 0, ctx.announce_age >= 0]
@@ -935,6 +972,8 @@ class Prover:
                 **({} if ctx.last_call_age is None else {"last_call_age": ctx.last_call_age}),
                 **({} if ctx.announce_size is None else {"announce_size": ctx.announce_size}),
                 **({} if ctx.announce_age is None else {"announce_age": ctx.announce_age}),
+                **({} if ctx.beat_age is None else {"beat_age": ctx.beat_age}),
+                **({} if ctx.watch_age is None else {"watch_age": ctx.watch_age}),
             },
             atoms={a.value: sym_atom(w, a, ctx) for a in Atom},
         )
@@ -960,6 +999,8 @@ class Prover:
         action = table.rows[index].then
         if action.folds:
             return self._setup_fold_row(w, op, index)
+        if action is Action.PRUNE_DEAD:
+            return self._setup_prune_row(w, op, index)
         effect = self.variant.effects[action]
         model = self.models.get(effect)
         if model is None:
@@ -1020,6 +1061,39 @@ class Prover:
 
         def replay(c: Concrete) -> list[str]:
             return ["  (a fold: the announcement set is shown above; not replayed)"]
+
+        return Setup(
+            w,
+            hypotheses,
+            self._goals(w, ctx.state, after, ctx.settings),
+            self._symbols(w, ctx, after),
+            replay,
+        )
+
+    def _setup_prune_row(self, w: World, op: Op, index: int) -> Setup:
+        """Induction over a row that prunes watched dead nodes: for ANY set of nodes
+        (which ones a watcher finds dead depends on its own clock and reads)."""
+        table = self.variant.table(op)
+        pruner = self.variant.prune
+        model = SYMBOLIC_PRUNERS.get(pruner)
+        if model is None:
+            raise MissingModel(
+                f"prune {pruner.__module__}.{pruner.__qualname__} has no symbolic model: "
+                "add one to model_check.prove.SYMBOLIC_PRUNERS"
+            )
+        ctx, facts = self._context(w)
+        dead = w.node_array("dead", w.z3.BoolSort())
+        after = model(w, ctx.state, dead, ctx.settings)
+        hypotheses = [
+            *facts,
+            *w.side,
+            *state_facts(w, after),
+            *self.invariants(w, ctx.state, ctx.settings).values(),
+            selected(w, table, index, ctx),
+        ]
+
+        def replay(c: Concrete) -> list[str]:
+            return ["  (a prune of watched nodes: the dead set is shown above; not replayed)"]
 
         return Setup(
             w,
@@ -1148,6 +1222,10 @@ class Prover:
                 announce_age=(
                     num(sym.clocks["announce_age"]) if "announce_age" in sym.clocks else None
                 ),
+                beat_age=_age_or_none(num, sym.clocks.get("beat_age")),
+                watch_age=_age_or_none(num, sym.clocks.get("watch_age")),
+                # Which watched node is dead is not modelled, only that one is.
+                dead=(node,) if truth(sym.atoms.get(Atom.MONITORED_DEAD.value, False)) else (),
             )
         return Concrete(state, settings, node, ctx, wall)
 

@@ -22,6 +22,7 @@ changed back in between.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -77,6 +78,22 @@ class RendezvousBackend(ABC):
             f"(memory://, sqlite://, redis://, etcd://)"
         )
 
+    def beat(self, node: str, value: bytes) -> None:
+        """Write ``node``'s heartbeat key (variants with heartbeats under keys)."""
+        raise NotImplementedError(
+            f"the {self.name!r} backend keeps no heartbeat keys, which the chosen "
+            f"protocol variant needs; use protocol=hardened, or an rdzv store "
+            f"(memory://, sqlite://, redis://, etcd://)"
+        )
+
+    def beats(self, nodes: Sequence[str]) -> list[bytes | None]:
+        """The heartbeat values of ``nodes`` (None where absent), without waiting."""
+        raise NotImplementedError(
+            f"the {self.name!r} backend keeps no heartbeat keys, which the chosen "
+            f"protocol variant needs; use protocol=hardened, or an rdzv store "
+            f"(memory://, sqlite://, redis://, etcd://)"
+        )
+
     def wait_for_change(self, token: Token | None, timeout: float) -> bool:
         """Block until the stored state's token is no longer ``token`` (True) or
         ``timeout`` seconds passed (False). Waking early is allowed only on a change.
@@ -124,6 +141,9 @@ class StoreRendezvousBackend(RendezvousBackend):
         self._store = store
         self._run_id = run_id
         self._key = f"rdzv/{run_id}/state"
+        self._last: bytes | None = None
+        """The bytes this backend last read or wrote: a store with ``unchanged`` (Redis,
+        etcd) confirms them with a few bytes instead of sending the state again."""
 
     @property
     def name(self) -> str:
@@ -141,9 +161,14 @@ class StoreRendezvousBackend(RendezvousBackend):
     def get_state(self) -> tuple[bytes, Token] | None:
         # ``get`` of a missing key blocks for the store's timeout, so look first. The
         # protocol never deletes the key, so a key seen present is still there.
+        last = self._last
+        unchanged = getattr(self._store, "unchanged", None)
+        if last is not None and callable(unchanged) and unchanged(self._key, last):
+            return last, last
         if not self._store.check([self._key]):
             return None
         data = as_bytes(self._store.get(self._key))
+        self._last = data
         return data, data
 
     def set_state(
@@ -161,6 +186,7 @@ class StoreRendezvousBackend(RendezvousBackend):
             return current[0], current[1], current[1] == token
         expected = b"" if token is None else token
         result = as_bytes(self._store.compare_set(self._key, expected, state))
+        self._last = result
         if result == state:
             return state, state, True
         if token is not None and result == token:
@@ -182,6 +208,19 @@ class StoreRendezvousBackend(RendezvousBackend):
         if not callable(members):
             return super().announced(round_)
         return [as_bytes(m) for m in members(self._announce_key(round_))]
+
+    def beat(self, node: str, value: bytes) -> None:
+        self._store.set(f"rdzv/{self._run_id}/beat/{node}", value)
+
+    def beats(self, nodes: Sequence[str]) -> list[bytes | None]:
+        try_get = getattr(self._store, "try_get", None)
+        if not callable(try_get):
+            return super().beats(nodes)
+        out: list[bytes | None] = []
+        for node in nodes:
+            value = try_get(f"rdzv/{self._run_id}/beat/{node}")
+            out.append(None if value is None else as_bytes(value))
+        return out
 
     def _current(self, written: bool) -> tuple[bytes, Token, bool] | None:
         current = self.get_state()

@@ -23,6 +23,9 @@ from spec.machine import (
     Announce,
     Announced,
     AnnouncedMembers,
+    Beat,
+    Beaten,
+    BeatValues,
     CasResult,
     CompareAndSet,
     Done,
@@ -31,6 +34,7 @@ from spec.machine import (
     IoFailed,
     Read,
     ReadAnnounced,
+    ReadBeats,
     ReadResult,
     StartOp,
     Step,
@@ -53,6 +57,8 @@ _INPUT_NAMES: dict[type, str] = {
     IoFailed: "io_failed",
     Announced: "announced",
     AnnouncedMembers: "announced_members",
+    Beaten: "beaten",
+    BeatValues: "beat_values",
 }
 _REQUEST_NAMES: dict[type, str] = {
     Read: "read",
@@ -62,6 +68,8 @@ _REQUEST_NAMES: dict[type, str] = {
     Fail: "fail",
     Announce: "announce",
     ReadAnnounced: "read_announced",
+    Beat: "beat",
+    ReadBeats: "read_beats",
 }
 
 

@@ -62,6 +62,9 @@ from spec.machine import (
     Announce,
     Announced,
     AnnouncedMembers,
+    Beat,
+    Beaten,
+    BeatValues,
     CasResult,
     CompareAndSet,
     Config,
@@ -72,6 +75,7 @@ from spec.machine import (
     Local,
     Read,
     ReadAnnounced,
+    ReadBeats,
     ReadResult,
     Request,
     StartOp,
@@ -94,7 +98,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-MAX_WAIT_SLICE = 0.25
+MAX_WAIT_SLICE = 1.0
 """Seconds: the longest single blocking wait for a state change before the clock is
 looked at again (a missed change notification costs at most this)."""
 MAX_STEPS_PER_OP = 1_000_000
@@ -152,6 +156,10 @@ class IoStats:
     """Additions to an announcement set (announcing variants)."""
     announced_reads: int = 0
     """Reads of an announcement set (folds)."""
+    beats: int = 0
+    """Writes of this node's heartbeat key (heartbeats under keys)."""
+    beat_reads: int = 0
+    """Reads of watched heartbeat keys (heartbeats under keys)."""
 
     def copy(self) -> IoStats:
         return replace(self)
@@ -276,6 +284,12 @@ class NodeDriver:
         if isinstance(request, ReadAnnounced):
             self._read_announced(request)
             return True
+        if isinstance(request, Beat):
+            self._beat(request)
+            return True
+        if isinstance(request, ReadBeats):
+            self._read_beats(request)
+            return True
         return False
 
     def _check_key(self, key: str) -> None:
@@ -323,6 +337,28 @@ class NodeDriver:
                 raise
             return
         self._feed(AnnouncedMembers(members, now_of(self.clock)))
+
+    def _beat(self, request: Beat) -> None:
+        self.stats.beats += 1
+        try:
+            self.backend.beat(str(self.local.node), request.value)
+        except BaseException as exc:
+            self._io_failed(exc, "writing this node's heartbeat key")
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._feed(Beaten(now_of(self.clock)))
+
+    def _read_beats(self, request: ReadBeats) -> None:
+        self.stats.beat_reads += 1
+        try:
+            values = tuple(self.backend.beats([str(n) for n in request.nodes]))
+        except BaseException as exc:
+            self._io_failed(exc, "reading watched heartbeat keys")
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._feed(BeatValues(values, now_of(self.clock)))
 
     def _write(self, request: CompareAndSet) -> None:
         self.stats.cas_attempts += 1

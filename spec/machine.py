@@ -38,7 +38,7 @@ from spec.effects import expired_by_wall
 from spec.settings import Settings
 from spec.state import EMPTY_STATE, Millis, NodeId, RendezvousState
 from spec.tables import Context
-from spec.variants import LOCAL, UPSTREAM, Variant
+from spec.variants import KEY_BEATS, LOCAL, UPSTREAM, Variant
 from spec.vocabulary import ACTION_FAILURES, Action, FailKind, Op
 
 Token = int | str | bytes
@@ -120,7 +120,32 @@ class AnnouncedMembers:
     now: Now
 
 
-Event = StartOp | ReadResult | CasResult | WokeUp | IoFailed | Announced | AnnouncedMembers
+@dataclass(frozen=True)
+class Beaten:
+    """Answer to :class:`Beat`: the heartbeat key was written."""
+
+    now: Now
+
+
+@dataclass(frozen=True)
+class BeatValues:
+    """Answer to :class:`ReadBeats`: each node's heartbeat value (None when absent)."""
+
+    values: tuple[bytes | None, ...]
+    now: Now
+
+
+Event = (
+    StartOp
+    | ReadResult
+    | CasResult
+    | WokeUp
+    | IoFailed
+    | Announced
+    | AnnouncedMembers
+    | Beaten
+    | BeatValues
+)
 
 
 # -- requests (outputs) -------------------------------------------------------------------
@@ -189,7 +214,22 @@ class ReadAnnounced:
     round: int
 
 
-Request = Read | CompareAndSet | Wait | Done | Fail | Announce | ReadAnnounced
+@dataclass(frozen=True)
+class Beat:
+    """Write ``value`` under this node's heartbeat key (heartbeats under keys); answer
+    :class:`Beaten`. A plain write: never a compare-and-set."""
+
+    value: bytes
+
+
+@dataclass(frozen=True)
+class ReadBeats:
+    """Read the heartbeat keys of ``nodes``; answer :class:`BeatValues` in that order."""
+
+    nodes: tuple[NodeId, ...]
+
+
+Request = Read | CompareAndSet | Wait | Done | Fail | Announce | ReadAnnounced | Beat | ReadBeats
 
 
 # -- local state --------------------------------------------------------------------------
@@ -208,6 +248,10 @@ class Phase(enum.Enum):
     """An Announce is outstanding."""
     READING_ANNOUNCED = "reading_announced"
     """A ReadAnnounced is outstanding (a fold waits for it)."""
+    BEATING = "beating"
+    """A Beat is outstanding."""
+    WATCHING = "watching"
+    """A ReadBeats is outstanding."""
 
 
 @dataclass(frozen=True)
@@ -233,6 +277,15 @@ class Local:
     latest announcement."""
     folding: Action | None = None
     """The fold waiting for its :class:`ReadAnnounced` answer."""
+    beats: int = 0
+    """Heartbeats under keys: how many this node wrote (modulo ``Config.beat_modulus``)."""
+    beat_at: Millis | None = None
+    """Heartbeats under keys: monotonic time of this node's last heartbeat write."""
+    watched_at: Millis | None = None
+    """Heartbeats under keys: monotonic time of this node's last read of watched keys."""
+    watch: tuple[tuple[NodeId, bytes | None, Millis], ...] = ()
+    """Heartbeats under keys: (watched node, heartbeat value, monotonic time this node
+    first saw that value), in the order of :func:`watched`."""
 
 
 @dataclass(frozen=True)
@@ -242,6 +295,9 @@ class Config:
     settings: Settings
     variant: Variant = UPSTREAM
     key: str = STATE_KEY
+    beat_modulus: int = 2**31
+    """Heartbeat values (heartbeats under keys) count modulo this; an observer only
+    compares them for change. The model checker uses a small modulus to stay finite."""
 
 
 @dataclass(frozen=True)
@@ -302,11 +358,54 @@ def step(local: Local, event: Event, config: Config) -> Step:
         if local.phase is not Phase.READING_ANNOUNCED or local.folding is None:
             raise InvalidTransition(local, event)
         return _fold(local, event, config)
+    if isinstance(event, Beaten):
+        if local.phase is not Phase.BEATING:
+            raise InvalidTransition(local, event)
+        beaten = replace(
+            local, beats=(local.beats + 1) % config.beat_modulus, beat_at=event.now.mono
+        )
+        return _decide(beaten, event.now, config)
+    if isinstance(event, BeatValues):
+        if local.phase is not Phase.WATCHING:
+            raise InvalidTransition(local, event)
+        return _decide(_watched(local, event, config), event.now, config)
     if isinstance(event, IoFailed):
         if local.phase is Phase.IDLE:
             raise InvalidTransition(local, event)
         return _fail(replace(local, folding=None), FailKind.CONNECTION, event.reason)
     raise InvalidTransition(local, event)
+
+
+def watched(view: RendezvousState, node: NodeId) -> tuple[NodeId, ...]:
+    """The nodes whose heartbeat keys ``node`` watches (heartbeats under keys): in a
+    complete round, the first participant in sorted order watches all the others and
+    each of the others watches it; otherwise nobody. Every participant is watched by
+    someone, and each node reads one key per interval except the first, which reads
+    W - 1: the traffic per interval is linear in the number of nodes."""
+    if not (view.complete and view.is_participant(node)):
+        return ()
+    members = view.participant_nodes()
+    return members[1:] if node == members[0] else (members[0],)
+
+
+def _watched(local: Local, event: BeatValues, config: Config) -> Local:
+    nodes = watched(local.view, local.node)
+    before = {n: (value, seen) for n, value, seen in local.watch}
+    entries = []
+    for n, value in zip(nodes, event.values, strict=False):
+        old = before.get(n)
+        seen = old[1] if old is not None and old[0] == value else event.now.mono
+        entries.append((n, value, seen))
+    return replace(local, watch=tuple(entries), watched_at=event.now.mono)
+
+
+def dead_watched(local: Local, mono: Millis, settings: Settings) -> tuple[NodeId, ...]:
+    """Watched nodes, still participants in the view, whose heartbeat value this node
+    has seen stand still for longer than the expiry (on its monotonic clock)."""
+    watching = set(watched(local.view, local.node))
+    return tuple(
+        n for n, _, seen in local.watch if n in watching and mono - seen > settings.heartbeat_expiry
+    )
 
 
 def _fold(local: Local, event: AnnouncedMembers, config: Config) -> Step:
@@ -350,7 +449,15 @@ def _absorb(
     except CorruptState as exc:
         return _fail(local, FailKind.CORRUPT_STATE, str(exc))
     variant, settings = config.variant, config.settings
-    if variant.liveness_clock == LOCAL:
+    beats: tuple[tuple[NodeId, Millis, Millis], ...] = ()
+    if variant.heartbeats == KEY_BEATS:
+        # The state's heartbeat entries are admission stamps: liveness is watched on
+        # the heartbeat keys (keep-alive op), so nothing is pruned here.
+        _, last_call = observe(local, view, now.mono)
+        cleaned = variant.prune(view, (), settings)
+        if cleaned.state.deadline is None:
+            last_call = None
+    elif variant.liveness_clock == LOCAL:
         beats, last_call = observe(local, view, now.mono)
         cleaned = variant.prune(view, expired_by_age(beats, now.mono, settings), settings)
         gone = set(cleaned.dead)
@@ -358,7 +465,7 @@ def _absorb(
         if cleaned.state.deadline is None:
             last_call = None
     else:
-        beats, last_call = (), None
+        last_call = None
         cleaned = variant.prune(view, expired_by_wall(view, settings, now.wall), settings)
     dirty = cleaned.removed_participant and variant.prune_marks_dirty
     fresh = replace(
@@ -410,6 +517,12 @@ def context(local: Local, now: Now, config: Config) -> Context:
         seen = local.seen_last_call
         first = seen[1] if seen is not None and seen[0] == local.view.deadline else now.mono
         last_call_age = now.mono - first
+    beat_age = watch_age = None
+    dead: tuple[NodeId, ...] = ()
+    if config.variant.heartbeats == KEY_BEATS:
+        beat_age = None if local.beat_at is None else now.mono - local.beat_at
+        watch_age = None if local.watched_at is None else now.mono - local.watched_at
+        dead = dead_watched(local, now.mono, config.settings)
     announce_size = announce_age = None
     if local.announced is not None and local.announced[0] == local.view.round:
         announce_size = local.announced[1]
@@ -425,6 +538,9 @@ def context(local: Local, now: Now, config: Config) -> Context:
         last_call_age=last_call_age,
         announce_size=announce_size,
         announce_age=announce_age,
+        beat_age=beat_age,
+        watch_age=watch_age,
+        dead=dead,
     )
 
 
@@ -450,6 +566,19 @@ def _decide(local: Local, now: Now, config: Config) -> Step:
     if action.folds:
         busy = replace(local, phase=Phase.READING_ANNOUNCED, folding=action)
         return Step(busy, ReadAnnounced(local.view.round), action, index)
+    if action is Action.BEAT:
+        value = str((local.beats + 1) % config.beat_modulus).encode("ascii")
+        return Step(replace(local, phase=Phase.BEATING), Beat(value), action, index)
+    if action is Action.WATCH:
+        nodes = watched(local.view, local.node)
+        return Step(replace(local, phase=Phase.WATCHING), ReadBeats(nodes), action, index)
+    if action is Action.PRUNE_DEAD:
+        cleaned = config.variant.prune(local.view, ctx.dead, config.settings)
+        gone = set(cleaned.dead)
+        watch = tuple(entry for entry in local.watch if entry[0] not in gone)
+        changed = replace(local, view=cleaned.state, dirty=True, watch=watch)
+        synced = _sync(changed, now, config)
+        return replace(synced, action=action, row=index, pruned=cleaned.dead)
     effect = config.variant.effects[action]
     view = effect(local.view, local.node, config.settings, now.wall)
     deadline = local.deadline
@@ -491,8 +620,15 @@ def next_timer(ctx: Context, config: Config, local: Local | None = None) -> Mill
     candidates = [ctx.op_deadline + 1, ctx.op_deadline + ctx.rollback_window + 1]
     walls: list[Millis] = []
     own = ctx.state.heartbeat_of(ctx.node)
-    if own is not None:
+    keys = config.variant.heartbeats == KEY_BEATS
+    if own is not None and not keys:
         walls.append(own + settings.keep_alive_interval)
+    if keys and ctx.beat_age is not None:
+        candidates.append(mono - ctx.beat_age + settings.keep_alive_interval)
+    if keys and ctx.watch_age is not None:
+        candidates.append(mono - ctx.watch_age + settings.keep_alive_interval)
+    if keys and local is not None:
+        candidates.extend(seen + settings.heartbeat_expiry + 1 for _, _, seen in local.watch)
     if ctx.announce_age is not None:
         # An announcer folds itself once it has waited a keep-alive interval in vain.
         candidates.append(mono - ctx.announce_age + settings.keep_alive_interval + 1)

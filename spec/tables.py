@@ -52,6 +52,15 @@ class Context:
     this node's own announcement returned; None if it has not announced in this round."""
     announce_age: Millis | None = None
     """Announcing variants only: monotonic time since this node announced in this round."""
+    beat_age: Millis | None = None
+    """Heartbeat keys only: monotonic time since this node last wrote its heartbeat key
+    (None: never)."""
+    watch_age: Millis | None = None
+    """Heartbeat keys only: monotonic time since this node last read the heartbeat keys
+    of the nodes it monitors (None: never)."""
+    dead: tuple[NodeId, ...] = ()
+    """Heartbeat keys only: monitored nodes, still listed in the state, whose heartbeat
+    this node has watched stand still for longer than the expiry."""
 
 
 class Atom(enum.Enum):
@@ -71,6 +80,9 @@ class Atom(enum.Enum):
     HEARTBEAT_DUE = "heartbeat_due"
     ANNOUNCED = "announced"
     FOLD_DUE = "fold_due"
+    BEAT_DUE = "beat_due"
+    WATCH_DUE = "watch_due"
+    MONITORED_DEAD = "monitored_dead"
 
     def __invert__(self) -> Literal:
         return Literal(self, False)
@@ -99,16 +111,33 @@ def _last_call_over(ctx: Context) -> bool:
     return deadline < ctx.wall_now
 
 
+def _announced(ctx: Context) -> bool:
+    age = ctx.announce_age
+    fresh = age is not None and age <= ctx.settings.keep_alive_interval
+    return ctx.announce_size is not None and fresh
+
+
 def _fold_due(ctx: Context) -> bool:
-    size, age = ctx.announce_size, ctx.announce_age
-    if size is None or age is None:
+    size = ctx.announce_size
+    if size is None or not _announced(ctx):
         return False
     settings = ctx.settings
     if size >= settings.max_nodes:
         return True  # this announcement filled the round
-    if size >= settings.min_nodes and ctx.state.num_participants < settings.min_nodes:
-        return True  # enough announced to start the last call, and nobody folded yet
-    return age > settings.keep_alive_interval  # whoever should have folded did not
+    # Enough announced to start the last call, and nobody folded yet.
+    return size >= settings.min_nodes and ctx.state.num_participants < settings.min_nodes
+
+
+def _beat_due(ctx: Context) -> bool:
+    state, node = ctx.state, ctx.node
+    listed = state.is_participant(node) or state.is_waiting(node) or state.is_redundant(node)
+    return listed and (ctx.beat_age is None or ctx.beat_age >= ctx.settings.keep_alive_interval)
+
+
+def _watch_due(ctx: Context) -> bool:
+    if not (ctx.state.complete and ctx.state.is_participant(ctx.node)):
+        return False
+    return ctx.watch_age is None or ctx.watch_age >= ctx.settings.keep_alive_interval
 
 
 ATOM_PREDICATES: dict[Atom, Callable[[Context], bool]] = {
@@ -126,8 +155,11 @@ ATOM_PREDICATES: dict[Atom, Callable[[Context], bool]] = {
     Atom.PAST_DEADLINE: lambda c: c.mono_now > c.op_deadline,
     Atom.IN_ROLLBACK_WINDOW: lambda c: c.mono_now <= c.op_deadline + c.rollback_window,
     Atom.HEARTBEAT_DUE: _heartbeat_due,
-    Atom.ANNOUNCED: lambda c: c.announce_size is not None,
+    Atom.ANNOUNCED: _announced,
     Atom.FOLD_DUE: _fold_due,
+    Atom.BEAT_DUE: _beat_due,
+    Atom.WATCH_DUE: _watch_due,
+    Atom.MONITORED_DEAD: lambda c: bool(c.dead),
 }
 
 ATOM_DOCS: dict[Atom, str] = {
@@ -146,11 +178,25 @@ ATOM_DOCS: dict[Atom, str] = {
     Atom.PAST_DEADLINE: "this node's monotonic clock is past the operation's deadline",
     Atom.IN_ROLLBACK_WINDOW: "monotonic clock <= operation deadline + rollback window",
     Atom.HEARTBEAT_DUE: ("this node has a heartbeat and it is at least keep_alive_interval old"),
-    Atom.ANNOUNCED: "this node has announced itself in the current round's announcement set",
+    Atom.ANNOUNCED: (
+        "this node announced itself in the current round's announcement set at most "
+        "keep_alive_interval ago (an older announcement is renewed, which returns the "
+        "set's current size)"
+    ),
     Atom.FOLD_DUE: (
-        "this node announced and should fold: its announcement filled the round to "
-        "max_nodes, or reached min_nodes while fewer are participants, or it has waited "
-        "longer than keep_alive_interval since announcing"
+        "this node's announcement is fresh and should be folded: the set's size it got "
+        "back reached max_nodes, or reached min_nodes while fewer are participants"
+    ),
+    Atom.BEAT_DUE: (
+        "this node is listed and has not written its heartbeat key for keep_alive_interval"
+    ),
+    Atom.WATCH_DUE: (
+        "this node is a participant of a complete round and has not read the heartbeat "
+        "keys it monitors for keep_alive_interval"
+    ),
+    Atom.MONITORED_DEAD: (
+        "a node this node monitors, still listed, has shown the same heartbeat for longer "
+        "than the expiry (on this node's monotonic clock)"
     ),
 }
 

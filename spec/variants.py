@@ -27,6 +27,17 @@ Switches:
     markers. No two machines' clocks are ever compared; only their rates are assumed
     to agree within a small bound.
 
+``heartbeats``
+    ``"state"`` (the reference): a heartbeat is a time written into the shared state by
+    a compare-and-set of the whole state, and every node observes every heartbeat on
+    every read. ``"keys"``: each node writes its heartbeat under its own key (no
+    compare-and-set, no conflict) and the state's heartbeat entries only record when a
+    node was listed; a participant of a complete round watches a few heartbeat keys
+    (the first participant in sorted order watches the others, the others watch it) on
+    its own monotonic clock, and prunes a watched node whose heartbeat stood still past
+    the expiry. Open rounds and waiting nodes are not watched: a dead one is found once
+    its round completes. Requires ``liveness_clock="local"``.
+
 ``prune``
     Removes the expired nodes (:func:`spec.effects.prune`, or the hardened
     :func:`spec.effects.prune_ending_broken_rounds`).
@@ -74,6 +85,8 @@ Pruner = Callable[[RendezvousState, tuple[NodeId, ...], Settings], Sanitized]
 
 WALL = "wall"
 LOCAL = "local"
+STATE_BEATS = "state"
+KEY_BEATS = "keys"
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,6 +106,9 @@ class Variant:
     ``"wall"`` compares the times written in the state with its own wall clock (the
     reference); ``"local"`` measures, on its own monotonic clock, how long a value has
     stood unchanged since it first saw it, so no two machines' clocks are compared."""
+    heartbeats: str = STATE_BEATS
+    """Where heartbeats live: ``"state"`` (inside the shared state) or ``"keys"`` (one
+    key per node, watched by a few others; see the module docstring)."""
     folds: Mapping[Action, Fold] = field(default_factory=lambda: MappingProxyType({}))
     """The fold of each folding action (announcing variants; see :attr:`Action.folds`)."""
     parent: str | None = None
@@ -104,6 +120,16 @@ class Variant:
             raise ValueError(
                 f"variant {self.name!r}: liveness_clock must be {WALL!r} or {LOCAL!r}, "
                 f"got {self.liveness_clock!r}"
+            )
+        if self.heartbeats not in (STATE_BEATS, KEY_BEATS):
+            raise ValueError(
+                f"variant {self.name!r}: heartbeats must be {STATE_BEATS!r} or "
+                f"{KEY_BEATS!r}, got {self.heartbeats!r}"
+            )
+        if self.heartbeats == KEY_BEATS and self.liveness_clock != LOCAL:
+            raise ValueError(
+                f"variant {self.name!r}: heartbeats under keys are watched on the local "
+                f"liveness clock; set liveness_clock={LOCAL!r}"
             )
         missing = [op.value for op in Op if op not in self.tables]
         if missing:
@@ -117,6 +143,8 @@ class Variant:
                         raise ValueError(
                             f"variant {self.name!r}: action {r.then.value} has no fold"
                         )
+                elif r.then is Action.PRUNE_DEAD:
+                    continue  # its effect is the variant's prune
                 elif r.then.mutates and r.then not in self.effects:
                     raise ValueError(f"variant {self.name!r}: action {r.then.value} has no effect")
 
@@ -152,6 +180,7 @@ class Variant:
         rollback_window: Millis | None = None,
         prune: Pruner | None = None,
         liveness_clock: str | None = None,
+        heartbeats: str | None = None,
     ) -> Variant:
         """A new variant that differs from this one only as listed.
 
@@ -208,6 +237,8 @@ class Variant:
             changes.append(f"prune: {self.prune.__name__} -> {prune.__name__}")
         if liveness_clock is not None and liveness_clock != self.liveness_clock:
             changes.append(f"liveness_clock: {self.liveness_clock} -> {liveness_clock}")
+        if heartbeats is not None and heartbeats != self.heartbeats:
+            changes.append(f"heartbeats: {self.heartbeats} -> {heartbeats}")
         return Variant(
             name=name,
             description=description,
@@ -220,6 +251,7 @@ class Variant:
             rollback_window=self.rollback_window if rollback_window is None else rollback_window,
             prune=self.prune if prune is None else prune,
             liveness_clock=self.liveness_clock if liveness_clock is None else liveness_clock,
+            heartbeats=self.heartbeats if heartbeats is None else heartbeats,
             parent=self.name,
             changes=tuple(changes),
         )
@@ -288,16 +320,47 @@ _JOIN_OPEN_ROW = 13
 assert HARDENED.tables[Op.JOIN].rows[_LAST_CALL_ROW].then is Action.MARK_RENDEZVOUS_COMPLETE
 assert HARDENED.tables[Op.JOIN].rows[_JOIN_OPEN_ROW].then is Action.ADD_TO_PARTICIPANTS
 
+_STAND_BY_BEAT_ROW = 2
+_WAITING_BEAT_ROW = 14
+assert HARDENED.tables[Op.JOIN].rows[_STAND_BY_BEAT_ROW].then is Action.KEEP_ALIVE
+assert HARDENED.tables[Op.JOIN].rows[_WAITING_BEAT_ROW].then is Action.KEEP_ALIVE
+
 SCALE = HARDENED.derive(
     "scale",
     description=(
-        "Hardened, with joins that do not contend: a node joining an open round adds "
-        "itself to the round's announcement set (one conflict-free store operation) and "
-        "waits; the node whose announcement reaches min_nodes or max_nodes (or any "
-        "announcer that waited a keep-alive interval in vain) folds the whole set into "
-        "the state in one write, and the last call ends with a fold too."
+        "Hardened, with joins that do not contend and heartbeats outside the state: a "
+        "node joining an open round adds itself to the round's announcement set (one "
+        "conflict-free store operation) and waits; the node whose announcement reaches "
+        "min_nodes or max_nodes (or any announcer that waited a keep-alive interval in "
+        "vain) folds the whole set into the state in one write, and the last call ends "
+        "with a fold too. Each node beats under its own key; in a complete round the "
+        "first participant watches everybody and everybody watches it."
     ),
+    heartbeats=KEY_BEATS,
     rows={
+        (Op.JOIN, _STAND_BY_BEAT_ROW): row(
+            Atom.REDUNDANT,
+            Atom.AT_MAX,
+            Atom.BEAT_DUE,
+            then=Action.BEAT,
+            why="stay alive while waiting for room",
+        ),
+        (Op.JOIN, _WAITING_BEAT_ROW): row(
+            Atom.BEAT_DUE, then=Action.BEAT, why="heartbeat due while waiting"
+        ),
+        (Op.KEEP_ALIVE, 0): row(
+            ~Atom.BEAT_DUE,
+            ~Atom.WATCH_DUE,
+            ~Atom.MONITORED_DEAD,
+            then=Action.FINISH,
+            why="nothing due, nobody dead",
+        ),
+        (Op.KEEP_ALIVE, 1): row(
+            Atom.PAST_DEADLINE, then=Action.ERROR_TIMEOUT, why="could not keep up in time"
+        ),
+        (Op.KEEP_ALIVE, 2): row(
+            Atom.WATCH_DUE, then=Action.WATCH, why="read the heartbeats we watch"
+        ),
         (Op.JOIN, _LAST_CALL_ROW): row(
             ~Atom.COMPLETE,
             Atom.PARTICIPANT,
@@ -322,6 +385,8 @@ SCALE = HARDENED.derive(
             then=Action.FOLD,
             why="admit everybody announced so far",
         ),
+        (Op.KEEP_ALIVE, 2): row(Atom.BEAT_DUE, then=Action.BEAT, why="write our heartbeat key"),
+        (Op.KEEP_ALIVE, 3): row(then=Action.PRUNE_DEAD, why="a watched node is dead: prune it"),
     },
     folds={Action.FOLD: fold_announced, Action.FOLD_AND_COMPLETE: fold_and_complete},
 )

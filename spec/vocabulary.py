@@ -39,6 +39,14 @@ class Action(enum.Enum):
     """Read the round's announcement set and admit the announced nodes in one write."""
     FOLD_AND_COMPLETE = "fold_and_complete"
     """As :attr:`FOLD`, then mark the round complete."""
+    BEAT = "beat"
+    """Write this node's own heartbeat key (heartbeats kept under per-node keys); no
+    write of the state."""
+    WATCH = "watch"
+    """Read the heartbeat keys of the nodes this node monitors; no write of the state."""
+    PRUNE_DEAD = "prune_dead"
+    """Remove the monitored nodes whose heartbeat stood still past the expiry (the
+    variant's prune), and write the state."""
     SYNC = "sync"
     """Nothing to do yet: wait for the state to change or a timer to fire."""
     ERROR_CLOSED = "error_closed"
@@ -61,6 +69,8 @@ _NON_MUTATING = frozenset(
     {
         Action.SYNC,
         Action.ANNOUNCE,
+        Action.BEAT,
+        Action.WATCH,
         Action.ERROR_CLOSED,
         Action.ERROR_TIMEOUT,
         Action.ERROR_GRACEFUL_EXIT,

@@ -6,6 +6,8 @@ under a minute on one core.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import os
 import re
@@ -18,23 +20,29 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import model_check.canon as canon_module
 import spec
 from model_check.__main__ import main
-from model_check.canon import Canon
+from model_check.canon import ENCODED_FIELDS, Canon, plain_fingerprint
 from model_check.explore import doomed_from, explore, on_timeless_cycle, replay, simulate
 from model_check.model import (
     CALLS_END,
     Faults,
     ModelConfig,
     Move,
+    Pc,
+    Proc,
+    Returned,
     Violation,
     World,
     apply,
     enabled,
+    node_id,
     unfinished_calls,
 )
 from model_check.model import initial_world as make_initial
 from model_check.planted import PLANTED
+from spec import NodeId, RendezvousState
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,14 +78,15 @@ GOLDEN = [
     # after the whole space was searched, so the counts are those of the full space.
     (LATE3, 3796, 2012, 38, 1),
     # hardened: its local liveness clock (first-seen times of heartbeats and the last
-    # call) is part of every world, and it is searched without symmetry reduction.
+    # call) is part of every world, and the symmetry reduction covers it (116 distinct
+    # worlds with --no-symmetry).
     (
         [
             *("--nodes", "2", "--min-nodes", "2", "--max-nodes", "3"),
             *("--join-timeout", "1", "--last-call", "2", "--protocol", "hardened"),
         ],
-        159,
-        116,
+        87,
+        62,
         23,
         0,
     ),
@@ -351,25 +360,35 @@ def test_a_close_must_end_every_call() -> None:
 
 
 # -- symmetry ----------------------------------------------------------------------------------
+def _hardened(**kw: object) -> ModelConfig:
+    return _cfg(variant=spec.HARDENED, **kw)
+
+
 SYMMETRY_CASES = [
     _cfg(nodes=2, min_nodes=1, max_nodes=2),
     _cfg(nodes=3, min_nodes=2, max_nodes=3, late_starts=True),
     _cfg(nodes=3, min_nodes=2, max_nodes=2, faults=Faults(crash=1)),
     _cfg(nodes=4, min_nodes=3, max_nodes=4),
     _cfg(nodes=3, min_nodes=2, max_nodes=2, skew_ticks=4),
+    # The local liveness clock (hardened): each node's first-seen times name other nodes.
+    _hardened(nodes=2, min_nodes=2, max_nodes=3, join_ticks=1, last_call_ticks=2),
+    _hardened(nodes=3, min_nodes=2, max_nodes=3, late=1, max_rounds=1),
+    _hardened(nodes=3, min_nodes=2, max_nodes=3, faults=Faults(crash=1)),
 ]
 
 
-def test_variants_with_the_local_liveness_clock_are_searched_without_symmetry(
-    tmp_path: Path,
+def test_variants_with_the_local_liveness_clock_are_searched_with_symmetry(
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # The reduction is not yet exact for what each node has seen and since when (a reduced
-    # hardened search misses worlds an unreduced one finds), so the CLI turns it off.
-    proc = _cli(["--nodes", "2", "--protocol", "hardened"], "0", tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "symmetry=off(not-exact-for-local-liveness-clock)" in proc.stdout.splitlines()[0]
-    upstream = _cli(["--nodes", "2"], "0", tmp_path)
-    assert " symmetry=on " in upstream.stdout.splitlines()[0]
+    args = ["--nodes", "3", "--min-nodes", "2", "--max-nodes", "3", "--protocol", "hardened"]
+    args += ["--max-rounds", "1", "--closes", "0", "--quiet"]
+    assert main(args) == 0
+    reduced = capsys.readouterr().out
+    assert main([*args, "--no-symmetry"]) == 0
+    full = capsys.readouterr().out
+    assert " symmetry=on " in reduced.splitlines()[0]
+    assert " symmetry=off " in full.splitlines()[0]
+    assert int(_summary(reduced)["unique"]) < int(_summary(full)["unique"])
 
 
 @pytest.mark.parametrize("cfg", SYMMETRY_CASES)
@@ -392,6 +411,230 @@ def test_reduced_and_unreduced_search_agree(cfg: ModelConfig) -> None:
     assert {v.name for v, _ in v_full} == {v.name for v, _ in v_red}
     assert reduced.unique <= full.unique
     assert canon.fallbacks == 0
+
+
+def test_the_fingerprints_encode_every_field_of_a_world() -> None:
+    for cls in (World, Proc, Returned, spec.Local, RendezvousState):
+        names = {f.name for f in dataclasses.fields(cls) if f.compare}
+        assert names == ENCODED_FIELDS[cls.__name__], f"{cls.__name__}: update model_check/canon.py"
+
+
+def _members(state: RendezvousState) -> set[NodeId]:
+    return {
+        *(n for n, _ in state.participants),
+        *state.wait_list,
+        *state.redundancy_list,
+        *(n for n, _ in state.last_heartbeats),
+    }
+
+
+def identities(world: World) -> list[NodeId]:
+    """Every identity ``world`` mentions anywhere, sorted."""
+    ids: set[NodeId] = set()
+    for p in world.procs:
+        ids.update((p.ident, p.local.node), _members(p.local.view))
+        ids.update(n for n, _, _ in p.local.seen_beats)
+    if world.store is not None:
+        ids.update(_members(spec.decode(world.store)))
+    return sorted(ids)
+
+
+def _relabel_state(
+    state: RendezvousState, mapping: dict[NodeId, NodeId], ranks: bool
+) -> RendezvousState:
+    return RendezvousState.build(
+        round=state.round,
+        complete=state.complete,
+        closed=state.closed,
+        deadline=state.deadline,
+        participants={mapping[n]: r if ranks else 0 for n, r in state.participants},
+        wait_list=[mapping[n] for n in state.wait_list],
+        redundancy_list=[mapping[n] for n in state.redundancy_list],
+        last_heartbeats={mapping[n]: t for n, t in state.last_heartbeats},
+    )
+
+
+def relabel(world: World, mapping: dict[NodeId, NodeId], *, ranks: bool = True) -> World:
+    """``world`` with every identity ``n`` renamed ``mapping[n]`` everywhere: processes,
+    the store, local views and local liveness clocks (re-sorted by node, as the machine
+    keeps them). Ranks stay attached to their nodes, or are all set to 0."""
+    store = world.store
+    if store is not None:
+        store = spec.encode(_relabel_state(spec.decode(store), mapping, ranks))
+    procs = []
+    for p in world.procs:
+        local = p.local
+        local = dataclasses.replace(
+            local,
+            node=mapping[local.node],
+            view=_relabel_state(local.view, mapping, ranks),
+            seen_beats=tuple(sorted((mapping[n], v, t) for n, v, t in local.seen_beats)),
+        )
+        returned = p.returned
+        if returned is not None and not ranks:
+            returned = dataclasses.replace(returned, rank=0)
+        procs.append(dataclasses.replace(p, ident=mapping[p.ident], local=local, returned=returned))
+    return dataclasses.replace(world, store=store, procs=tuple(procs))
+
+
+def isomorphism_class(world: World, cfg: ModelConfig) -> bytes:
+    """By brute force: the smallest unreduced fingerprint over every renaming of the
+    identities among themselves and every order of the process slots, ranks erased (what
+    the reduced fingerprint is defined to identify)."""
+    ids = identities(world)
+    best: bytes | None = None
+    for image in itertools.permutations(ids):
+        renamed = relabel(world, dict(zip(ids, image, strict=True)), ranks=False)
+        for procs in itertools.permutations(renamed.procs):
+            fp = plain_fingerprint(dataclasses.replace(renamed, procs=procs), cfg)
+            best = fp if best is None or fp < best else best
+    assert best is not None
+    return best
+
+
+HARDENED_WALKS = [
+    _hardened(nodes=3, min_nodes=2, max_nodes=3, late=1, faults=Faults(crash=1)),
+    _hardened(
+        nodes=3,
+        min_nodes=2,
+        max_nodes=3,
+        late_starts=True,
+        faults=Faults(crash=1, restart_new=1, restart_same=1, cas_unknown=1, store_down=1),
+    ),
+]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    case=st.sampled_from(range(len(HARDENED_WALKS))),
+    choices=st.lists(st.integers(min_value=0, max_value=10_000), min_size=10, max_size=150),
+    data=st.data(),
+)
+def test_hardened_fingerprints_do_not_depend_on_identities(
+    case: int, choices: list[int], data: st.DataObject
+) -> None:
+    """Every world of a random hardened schedule (N = 3, crash, restarts, lost writes,
+    late starts) keeps its reduced fingerprint when its identities are renamed by a
+    random permutation, onto the same identities or partly onto unused ones."""
+    cfg = HARDENED_WALKS[case]
+    canon = Canon(cfg)
+    world = make_initial(cfg)
+    for choice in choices:
+        moves = enabled(world, cfg)
+        if not moves:
+            break
+        world = apply(world, moves[choice % len(moves)], cfg).world
+        ids = identities(world)
+        pool = [node_id(i) for i in range(len(ids) + 2)]
+        image = data.draw(st.permutations(pool))[: len(ids)]
+        renamed = relabel(world, dict(zip(ids, image, strict=True)))
+        assert canon.fingerprint(renamed) == canon.fingerprint(world)
+    assert canon.fallbacks == 0
+
+
+EXACT_CASES = [
+    _hardened(nodes=3, min_nodes=3, max_nodes=3, max_rounds=1, closes=0, faults=Faults(crash=1)),
+    _hardened(nodes=3, min_nodes=2, max_nodes=3, max_rounds=1, closes=0, late=1),
+    _hardened(nodes=2, min_nodes=2, max_nodes=3, join_ticks=1, last_call_ticks=2),
+    _cfg(nodes=3, min_nodes=3, max_nodes=3, max_rounds=1, closes=0, faults=Faults(crash=1)),
+]
+
+
+@pytest.mark.parametrize("cfg", EXACT_CASES)
+def test_reduced_fingerprints_are_exactly_the_isomorphism_classes(cfg: ModelConfig) -> None:
+    """Over every world of a small space, two worlds share a reduced fingerprint if and
+    only if one is a renaming of the other (brute force, :func:`isomorphism_class`)."""
+    worlds: list[World] = []
+    explore(cfg, symmetry=False, visit=worlds.append, stop_on_violation=False)
+    canon = Canon(cfg)
+    class_of: dict[bytes, bytes] = {}
+    fingerprint_of: dict[bytes, bytes] = {}
+    for world in worlds:
+        fp, cls = canon.fingerprint(world), isomorphism_class(world, cfg)
+        assert class_of.setdefault(fp, cls) == cls, "non-isomorphic worlds merged"
+        assert fingerprint_of.setdefault(cls, fp) == fp, "isomorphic worlds kept apart"
+    assert len(class_of) < len(worlds)
+    if cfg.variant.liveness_clock == spec.LOCAL:
+        assert any(p.local.seen_beats for world in worlds for p in world.procs)
+
+
+def _ring(successor: list[int], values: list[int]) -> World:
+    """Processes that differ only in whose heartbeat each has seen: process i has seen
+    process successor[i]'s heartbeat value values[i], since the same instant."""
+    procs = []
+    for i, (j, value) in enumerate(zip(successor, values, strict=True)):
+        me = node_id(i)
+        local = spec.Local(
+            me,
+            phase=spec.Phase.READING,
+            op=spec.Op.JOIN,
+            seen_beats=((node_id(j), value, -5000),) if j != i else (),
+        )
+        procs.append(Proc(me, Pc.RDZV, local))
+    return World(None, tuple(procs))
+
+
+RING_CFG = _hardened(nodes=5, min_nodes=2, max_nodes=5)
+
+
+def _ring_class(world: World) -> bytes:
+    # Each process holds its own identity: sorting the slots by identity after a renaming
+    # is the only slot order to try.
+    ids = identities(world)
+    best: bytes | None = None
+    for image in itertools.permutations(ids):
+        renamed = relabel(world, dict(zip(ids, image, strict=True)))
+        procs = tuple(sorted(renamed.procs, key=lambda p: p.ident))
+        fp = plain_fingerprint(dataclasses.replace(renamed, procs=procs), RING_CFG)
+        best = fp if best is None or fp < best else best
+    assert best is not None
+    return best
+
+
+def test_ties_that_are_no_symmetry_are_searched() -> None:
+    # A 6-cycle and two 3-cycles of "has seen": colour refinement alone cannot tell the
+    # processes (or the two worlds) apart, and no swap of two processes is a symmetry.
+    canon = Canon(_hardened(nodes=6, min_nodes=2, max_nodes=6))
+    six = _ring([1, 2, 3, 4, 5, 0], [7] * 6)
+    three = _ring([1, 2, 0, 4, 5, 3], [7] * 6)
+    assert canon.fingerprint(six) != canon.fingerprint(three)
+    assert canon.permuted == 2
+    ids = identities(six)
+    for image in ([5, 3, 1, 0, 2, 4], [1, 0, 3, 2, 5, 4]):
+        mapping = {n: ids[j] for n, j in zip(ids, image, strict=True)}
+        assert canon.fingerprint(relabel(six, mapping)) == canon.fingerprint(six)
+        assert canon.fingerprint(relabel(three, mapping)) == canon.fingerprint(three)
+
+
+def test_a_search_cut_short_is_counted_and_still_tells_worlds_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(canon_module, "MAX_LEAVES", 1)
+    canon = Canon(_hardened(nodes=6, min_nodes=2, max_nodes=6))
+    six = _ring([1, 2, 3, 4, 5, 0], [7] * 6)
+    three = _ring([1, 2, 0, 4, 5, 3], [7] * 6)
+    assert canon.fingerprint(six) != canon.fingerprint(three)
+    assert canon.fallbacks == 2
+
+
+ring = st.tuples(
+    st.lists(st.integers(min_value=0, max_value=4), min_size=5, max_size=5),
+    st.lists(st.integers(min_value=0, max_value=1), min_size=5, max_size=5),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=ring, b=ring, image=st.permutations(range(5)))
+def test_ring_fingerprints_are_exactly_the_isomorphism_classes(
+    a: tuple[list[int], list[int]], b: tuple[list[int], list[int]], image: list[int]
+) -> None:
+    canon = Canon(RING_CFG)
+    first, second = _ring(*a), _ring(*b)
+    same = canon.fingerprint(first) == canon.fingerprint(second)
+    assert same == (_ring_class(first) == _ring_class(second))
+    # The same structure under other names, so the "same" side is exercised as well.
+    mapping = {node_id(i): node_id(j) for i, j in enumerate(image)}
+    assert canon.fingerprint(relabel(first, mapping)) == canon.fingerprint(first)
 
 
 def test_symmetry_reduces_for_more_nodes() -> None:

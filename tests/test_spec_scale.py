@@ -19,6 +19,9 @@ from spec.machine import (
     Announce,
     Announced,
     AnnouncedMembers,
+    Beat,
+    Beaten,
+    BeatValues,
     CasResult,
     CompareAndSet,
     Config,
@@ -30,6 +33,7 @@ from spec.machine import (
     Phase,
     Read,
     ReadAnnounced,
+    ReadBeats,
     ReadResult,
     StartOp,
     Step,
@@ -38,11 +42,12 @@ from spec.machine import (
     context,
     next_timer,
     step,
+    watched,
 )
 from spec.settings import Settings
 from spec.state import EMPTY_STATE, NodeId, RendezvousState
 from spec.tables import Atom, row
-from spec.variants import HARDENED, SCALE, VARIANTS
+from spec.variants import HARDENED, SCALE, UPSTREAM, VARIANTS
 from spec.vocabulary import Action, FailKind, Op
 
 NODES = tuple(NodeId("h", i) for i in range(6))
@@ -136,7 +141,10 @@ def test_a_fold_stops_at_max_nodes_and_completes() -> None:
 def test_scale_is_a_named_diff_of_hardened() -> None:
     assert VARIANTS["scale"] is SCALE
     assert SCALE.parent == HARDENED.name
-    assert len(SCALE.changes) == 5  # two rows replaced, one inserted, two folds
+    # join: 4 rows replaced and 1 inserted; keep_alive: 3 replaced and 2 inserted; two
+    # folds; heartbeats under keys.
+    assert len(SCALE.changes) == 13
+    assert SCALE.changes[-1] == "heartbeats: state -> keys"
     actions = [r.then for r in SCALE.table(Op.JOIN).rows]
     assert Action.ADD_TO_PARTICIPANTS not in actions
     assert {Action.ANNOUNCE, Action.FOLD, Action.FOLD_AND_COMPLETE} <= set(actions)
@@ -171,12 +179,10 @@ def _ctx(size: int | None, age: int, participants: int, settings: Settings) -> b
         (2, 0, 0, True),  # reached min, nobody folded yet
         (2, 0, 2, False),  # reached min, somebody folded: wait
         (3, 0, 2, False),  # between min and max: wait for the fold or the last call
-        (3, 5_001, 2, True),  # waited a keep-alive interval in vain
+        (4, 5_001, 0, False),  # stale: renew the announcement first (fresh size)
     ],
 )
-def test_fold_due_has_three_reasons(
-    size: int | None, age: int, participants: int, due: bool
-) -> None:
+def test_fold_due_has_two_reasons(size: int | None, age: int, participants: int, due: bool) -> None:
     settings = Settings(min_nodes=2, max_nodes=4)
     assert _ctx(size, age, participants, settings) is due
 
@@ -198,11 +204,14 @@ def test_an_announcer_waits_then_a_stale_fold_reads_again() -> None:
     assert s.local.phase is Phase.ANNOUNCING
     s = step(s.local, Announced(1, now), config)
     assert s.action is Action.SYNC and isinstance(s.request, Wait)
-    # It wakes up to fold itself a keep-alive interval later at the latest.
+    # It renews its announcement a keep-alive interval later at the latest: the set's
+    # size it gets back tells whether the node that should have folded did not.
     assert s.request.until == settings.keep_alive_interval + 1
     later = Now(settings.keep_alive_interval + 1, WALL)
     s = step(s.local, WokeUp(later), config)
     s = step(s.local, ReadResult(None, None, later), config)
+    assert s.action is Action.ANNOUNCE and s.request == Announce(0, encode_node(me))
+    s = step(s.local, Announced(2, later), config)  # another node announced meanwhile
     assert s.action is Action.FOLD and s.request == ReadAnnounced(0)
     s = step(s.local, AnnouncedMembers((encode_node(me),), later), config)
     assert isinstance(s.request, CompareAndSet) and s.local.dirty
@@ -237,6 +246,7 @@ class Interpreter:
         self.data: bytes | None = None
         self.version = 0
         self.sets: dict[int, set[bytes]] = {}
+        self.beats: dict[NodeId, bytes] = {}
         self.cas = 0
         self.conflicts = 0
 
@@ -264,6 +274,11 @@ class Interpreter:
             return AnnouncedMembers(tuple(sorted(self.sets.get(request.round, ()))), now)
         if isinstance(request, Wait):
             return WokeUp(now)
+        if isinstance(request, Beat):
+            self.beats[s.local.node] = request.value
+            return Beaten(now)
+        if isinstance(request, ReadBeats):
+            return BeatValues(tuple(self.beats.get(n) for n in request.nodes), now)
         raise AssertionError(f"unexpected request {request}")
 
 
@@ -307,3 +322,77 @@ def test_node_identities_round_trip_and_garbage_is_refused() -> None:
         with pytest.raises(CorruptState):
             decode_node(garbage)
     assert encode(EMPTY_STATE)  # the state codec is untouched by members
+
+
+# -- heartbeats under keys -----------------------------------------------------------------------
+COMPLETE3 = RendezvousState.build(
+    complete=True,
+    participants={NODES[0]: 0, NODES[1]: 1, NODES[2]: 2},
+    last_heartbeats={NODES[0]: WALL, NODES[1]: WALL, NODES[2]: WALL},
+)
+
+
+def test_the_first_participant_watches_everybody_and_everybody_watches_it() -> None:
+    assert watched(COMPLETE3, NODES[0]) == (NODES[1], NODES[2])
+    assert watched(COMPLETE3, NODES[1]) == (NODES[0],)
+    assert watched(COMPLETE3, NODES[3]) == ()  # not a participant
+    open_round = COMPLETE3.evolve(complete=False, participants={NODES[0]: 0, NODES[1]: 0})
+    assert watched(open_round, NODES[0]) == ()  # open rounds are not watched
+
+
+def _keep_alive(local: Local, config: Config, now: Now) -> Step:
+    s = step(local, StartOp(Op.KEEP_ALIVE, now.mono + 60_000, now), config)
+    if isinstance(s.request, Read):  # not when the last read is within cache_duration
+        s = step(s.local, ReadResult(encode(COMPLETE3), 1, now), config)
+    return s
+
+
+def test_a_watcher_beats_reads_its_watched_keys_and_prunes_a_still_heartbeat() -> None:
+    settings = Settings(min_nodes=2, max_nodes=3, keep_alive_interval=1_000)
+    config = Config(settings, SCALE)
+    t0 = Now(0, WALL)
+    s = _keep_alive(Local(NODES[0]), config, t0)
+    assert s.action is Action.BEAT and s.request == Beat(b"1")
+    s = step(s.local, Beaten(t0), config)
+    assert s.action is Action.WATCH and s.request == ReadBeats((NODES[1], NODES[2]))
+    s = step(s.local, BeatValues((b"5", b"9"), t0), config)
+    assert isinstance(s.request, Done)
+    # One expiry later node 1 beat (its value changed) and node 2 did not.
+    t1 = Now(settings.heartbeat_expiry + 1, WALL)
+    s = _keep_alive(s.local, config, t1)
+    assert s.action is Action.BEAT and s.request == Beat(b"2")
+    s = step(s.local, Beaten(t1), config)
+    assert s.action is Action.WATCH
+    s = step(s.local, BeatValues((b"6", b"9"), t1), config)
+    assert s.action is Action.PRUNE_DEAD and s.pruned == (NODES[2],)
+    assert isinstance(s.request, CompareAndSet)
+    after = decode(s.request.data)
+    # hardened's prune ends the broken round: the survivors wait for the next one.
+    assert after.round == 1 and not after.complete
+    assert set(after.wait_list) == {NODES[0], NODES[1]}
+    assert check_step(COMPLETE3, after, settings) == []
+
+
+def test_a_beating_node_is_never_found_dead() -> None:
+    settings = Settings(min_nodes=2, max_nodes=3, keep_alive_interval=1_000)
+    config = Config(settings, SCALE)
+    local = Local(NODES[1])
+    value = 0
+    for k in range(6):  # one watch per interval; the watched first participant beats each time
+        now = Now(k * settings.keep_alive_interval, WALL)
+        s = _keep_alive(local, config, now)
+        while not isinstance(s.request, Done):
+            value += 1
+            if isinstance(s.request, Beat):
+                s = step(s.local, Beaten(now), config)
+            elif isinstance(s.request, ReadBeats):
+                s = step(s.local, BeatValues((str(value).encode(),), now), config)
+            else:
+                raise AssertionError(f"node 1 asked for {s.request} at interval {k}")
+        local = s.local
+    assert local.watch[0][0] == NODES[0]
+
+
+def test_heartbeats_under_keys_need_the_local_liveness_clock() -> None:
+    with pytest.raises(ValueError, match="local liveness clock"):
+        UPSTREAM.derive("bad", description="keys on the wall clock", heartbeats="keys")

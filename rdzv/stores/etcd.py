@@ -644,6 +644,28 @@ class EtcdStore(RemoteStore):
             if not self._watch(missing[0], revision, deadline, doing):
                 return None
 
+    def unchanged(self, key: str, current: bytes) -> bool:
+        """True if ``key`` still holds ``current``: when this client last saw ``current``
+        at some revision, one keys-only read compares the revision (the value does not
+        cross the network); otherwise False (the caller reads the value)."""
+        full = self._k(check_key(key))
+        cached = self._seen.get(full)
+        if cached is None or cached[0] != current:
+            return False
+        ops = [
+            {"request_range": {"key": _b64(k), "keys_only": True}} for k in (full, self._epoch_key)
+        ]
+        data = self._call(
+            "unchanged", lambda: self._post("/v3/kv/txn", {"success": ops}, "unchanged")
+        )
+        found = [
+            (r.get("response_range", {}).get("kvs") or [None])[0] for r in data.get("responses", [])
+        ]
+        if len(found) != 2 or found[1] is None:
+            return False  # let a full read report what happened (e.g. a wiped server)
+        kv = found[0]
+        return kv is not None and int(kv.get("mod_revision", 0)) == cached[1]
+
     def wait_for_change(self, key: str, current: bytes | None, timeout: timedelta) -> bool:
         full = self._k(key)
         deadline = time.monotonic() + wait_seconds(timeout)

@@ -264,7 +264,7 @@ class RedisStore(RemoteStore):
         """This thread's subscriber connection (created on first use)."""
         pubsub = getattr(self._subscribers, "pubsub", None)
         if pubsub is None:
-            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            pubsub = self._client.pubsub()
             self._subscribers.pubsub = pubsub
             with self._lock:
                 self._all_subscribers.append(pubsub)
@@ -276,6 +276,7 @@ class RedisStore(RemoteStore):
         if pubsub is None:
             return
         self._subscribers.pubsub = None
+        self._subscribers.channels = None
         with self._lock:
             if pubsub in self._all_subscribers:
                 self._all_subscribers.remove(pubsub)
@@ -469,6 +470,16 @@ class RedisStore(RemoteStore):
 
         return self._wait_until(full, present, seconds, "wait")
 
+    def unchanged(self, key: str, current: bytes) -> bool:
+        """True if ``key`` still holds ``current``, compared on the server by digest (the
+        value does not cross the network); an rdzv extension for cheap re-reads."""
+        full = self._k(check_key(key))
+        digest = hashlib.sha1(current, usedforsecurity=False).hexdigest()
+        return (
+            int(self._call("unchanged", lambda: self._changed_script(keys=[full], args=[digest])))
+            == 0
+        )
+
     def wait_for_change(self, key: str, current: bytes | None, timeout: timedelta) -> bool:
         full = self._k(key)
         seconds = wait_seconds(timeout)
@@ -499,25 +510,43 @@ class RedisStore(RemoteStore):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
-                # Sleep until a publication on our channels (or the deadline); the
-                # subscribe confirmations are skipped. A message left over from an
-                # earlier wait only makes this look again (waking early is allowed).
+                # Sleep until a publication on our channels (or the deadline);
+                # (un)subscribe confirmations are skipped. A publication left over from
+                # an earlier wait only makes this look again (waking early is allowed).
                 end = time.monotonic() + remaining
                 while time.monotonic() < end:
                     message = pubsub.get_message(timeout=max(0.0, end - time.monotonic()))
-                    if message is not None:
+                    if message is not None and message.get("type") == "message":
                         break
+
+        def confirmed(pubsub: Any) -> None:
+            """Wait (until the deadline) for the server to confirm every subscription:
+            only then can no write slip between our first look and the subscription
+            (the look goes through another connection)."""
+            pending = {c.encode() if isinstance(c, str) else c for c in channels}
+            while pending and time.monotonic() < deadline:
+                message = pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
+                if message is not None and message.get("type") == "subscribe":
+                    name = message.get("channel")
+                    pending.discard(name.encode() if isinstance(name, str) else name)
 
         def subscribed_wait() -> bool:
             pubsub = self._subscriber()
             try:
-                pubsub.subscribe(*channels)
-                result = sleep_on(pubsub)
-                pubsub.unsubscribe(*channels)
+                # Stay subscribed between waits on the same keys (a waiting node waits
+                # on one key slice after slice); change the subscription only when the
+                # keys change.
+                current = getattr(self._subscribers, "channels", None)
+                if current != channels:
+                    if current:
+                        pubsub.unsubscribe(*current)
+                    pubsub.subscribe(*channels)
+                    self._subscribers.channels = channels
+                    confirmed(pubsub)
+                return sleep_on(pubsub)
             except BaseException:
                 self._drop_subscriber()
                 raise
-            return result
 
         return self._call(doing, subscribed_wait, deadline, expired=lambda: False)
 

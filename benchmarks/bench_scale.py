@@ -1,0 +1,786 @@
+"""The ``hardened`` and ``scale`` protocols from 8 to 1,024 nodes, on real Redis and etcd.
+
+For each N, store and protocol, N handlers (threads of one process, each with its own
+store connection) call ``next_rendezvous`` at one instant for a min = max = N round
+(``bench_handler._run_threads``). A row shows the time until the last node returned,
+CAS attempts, lost CAS (conflicts) and announcements summed over the nodes, and the bytes
+the *server* moved during the round: Redis ``INFO stats`` (``total_net_input_bytes`` +
+``total_net_output_bytes``), etcd ``/metrics`` (``etcd_network_client_grpc_received_bytes_total``
++ ``..._sent_bytes_total``, which count the JSON gateway's traffic as gRPC messages).
+A second round with ``keep_alive_interval`` = 1 s is then left running: its handlers'
+keep-alive threads beat, and the server's bytes (and the nodes' CAS) over
+``--steady-intervals`` intervals are reported per interval. For N <= 128 torch's own
+DynamicRendezvousHandler over a c10d TCPStore runs the same round (``bench_handler``).
+
+Every measurement runs in a fresh subprocess bounded by ``--cap`` seconds (the join
+timeout) plus start-up slack, so the threads of a failed round cannot slow the next one;
+a failed or killed measurement prints ``failed: <reason>`` in its row.
+
+    python3 benchmarks/bench_scale.py                      # N = 8..1024, redis and etcd
+    python3 benchmarks/bench_scale.py --quick --stores memory --no-torch --no-plots
+    python3 benchmarks/bench_scale.py --sizes 8,64 --stores redis --markdown
+
+Plots (SVG, log-log) go to docs/benchmarks/ unless ``--no-plots``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
+from xml.sax.saxutils import escape
+
+ROOT = Path(__file__).resolve().parent.parent
+for extra in (ROOT, ROOT / "tests", ROOT / "benchmarks"):
+    if str(extra) not in sys.path:  # run from a checkout without installing
+        sys.path.insert(0, str(extra))
+
+import bench_handler  # noqa: E402
+from bench_handler import _run_threads, torch_available, torch_threads  # noqa: E402
+from bench_stores import store_urls  # noqa: E402
+
+SIZES = (8, 64, 128, 512, 1024)
+QUICK_SIZES = (8, 64)
+STORES = ("redis", "etcd")
+ALL_STORES = ("memory", "sqlite", "redis", "etcd")
+PROTOCOLS = ("hardened", "scale")
+TORCH_MAX_N = 128
+"""Largest N torch's handler is run at (its threads poll a TCPStore once per second)."""
+CAP_S = 120.0
+"""Default per-measurement cap in seconds (the join timeout of every handler)."""
+ROUND_KEEP_ALIVE = "5"
+"""keep_alive_interval (s) of the timed round: torch's default."""
+STEADY_KEEP_ALIVE_S = 1.0
+"""keep_alive_interval (s) of the steady-state round (short, so the window is short)."""
+STEADY_INTERVALS = 2
+"""Default number of keep-alive intervals the steady-state window lasts."""
+SETTLE_INTERVALS = 0.5
+"""Keep-alive intervals between the end of the round and the start of the window."""
+CHILD_SLACK_S = 60.0
+"""Seconds a measurement subprocess gets beyond its cap (imports, handler creation)..."""
+CHILD_SLACK_PER_NODE_S = 0.1
+"""...plus this per node (creating 1,024 handlers and connections takes a while)."""
+WATCHDOG_SLACK_S = 30.0
+"""A measurement still running this long after its cap (plus its steady window) reports
+how many nodes returned and ends its process (the parent's kill is the last resort)."""
+PROBE_TIMEOUT_S = 10.0
+"""Bound on one read of a server's traffic counters."""
+RESULT_PREFIX = "RESULT "
+PLOT_FILES = {
+    "time": "scale_time.svg",
+    "lost": "scale_lost_cas.svg",
+    "bytes": "scale_bytes.svg",
+    "steady": "scale_steady_bytes.svg",
+}
+
+
+# -- server traffic counters ------------------------------------------------------------------
+def _server_of(store: str, url: str) -> tuple[str | None, int]:
+    """Which server counters to read for a store URL: (kind, port), kind None if none."""
+    if store in ("redis", "etcd"):
+        port = urlsplit(url).port
+        if port is None:
+            raise ValueError(f"the {store} URL {url!r} has no port")
+        return store, port
+    return None, 0
+
+
+def _redis_bytes(port: int) -> int:
+    """total_net_input_bytes + total_net_output_bytes from ``INFO stats`` (raw RESP)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=PROBE_TIMEOUT_S) as s:
+        s.sendall(b"*2\r\n$4\r\nINFO\r\n$5\r\nstats\r\n")
+        data = b""
+        deadline = time.monotonic() + PROBE_TIMEOUT_S
+        while time.monotonic() < deadline:  # bounded by PROBE_TIMEOUT_S
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+            head, sep, rest = data.partition(b"\r\n")
+            if sep and head.startswith(b"$") and len(rest) >= int(head[1:]):
+                break
+    fields = dict(
+        line.split(":", 1) for line in data.decode(errors="replace").splitlines() if ":" in line
+    )
+    try:
+        return int(fields["total_net_input_bytes"]) + int(fields["total_net_output_bytes"])
+    except KeyError as exc:
+        raise RuntimeError(f"redis INFO stats on port {port} has no {exc}") from exc
+
+
+ETCD_COUNTERS = (
+    "etcd_network_client_grpc_received_bytes_total",
+    "etcd_network_client_grpc_sent_bytes_total",
+)
+
+
+def _etcd_bytes(port: int) -> int:
+    """The client gRPC byte counters of etcd's Prometheus endpoint (the JSON gateway is a
+    gRPC client inside etcd, so its traffic is counted there; /metrics itself is not)."""
+    url = f"http://127.0.0.1:{port}/metrics"
+    with urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_S) as reply:
+        text = reply.read().decode()
+    total = 0.0
+    seen = set()
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in ETCD_COUNTERS:
+            total += float(line.rsplit(" ", 1)[1])
+            seen.add(name)
+    if len(seen) != len(ETCD_COUNTERS):
+        raise RuntimeError(f"etcd /metrics on port {port} lacks {set(ETCD_COUNTERS) - seen}")
+    return int(total)
+
+
+def server_bytes(kind: str | None, port: int) -> int | None:
+    if kind == "redis":
+        return _redis_bytes(port)
+    if kind == "etcd":
+        return _etcd_bytes(port)
+    return None
+
+
+class ByteMeter:
+    """Deltas of a server's byte counters, minus what reading them costs."""
+
+    def __init__(self, kind: str | None, port: int) -> None:
+        self.kind, self.port = kind, port
+        first = server_bytes(kind, port)
+        second = server_bytes(kind, port)
+        # Two probes back to back: their difference is one probe's own request + reply.
+        self.overhead = 0 if first is None or second is None else second - first
+
+    def read(self) -> int | None:
+        return server_bytes(self.kind, self.port)
+
+    def delta(self, before: int | None, after: int | None) -> int | None:
+        if before is None or after is None:
+            return None
+        return max(0, after - before - self.overhead)
+
+
+# -- one measurement (runs in a child process) ------------------------------------------------
+def _params(url: str, run_id: str, n: int, protocol: str, cap: float, interval: str) -> Any:
+    from rdzv import RendezvousParameters
+
+    return RendezvousParameters(
+        "rdzv",
+        url,
+        run_id,
+        n,
+        n,
+        protocol=protocol,
+        join_timeout=f"{cap:g}",
+        keep_alive_interval=interval,
+    )
+
+
+def _handlers(job: dict[str, Any], interval: str) -> list[Any]:
+    from rdzv import create_handler
+
+    run_id = f"scale-{job['protocol']}-{job['n']}-{uuid.uuid4().hex[:8]}"
+    n = int(job["n"])
+    return [
+        create_handler(_params(job["url"], run_id, n, job["protocol"], job["cap"], interval))
+        for _ in range(n)
+    ]
+
+
+class _Returned:
+    """How many nodes of the running measurement returned from next_rendezvous (for the
+    watchdog's report)."""
+
+    lock = threading.Lock()
+    count = 0
+
+    @classmethod
+    def counted(cls, call: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            try:
+                return call()
+            finally:
+                with cls.lock:
+                    cls.count += 1
+
+        return run
+
+
+def _rendezvous(handlers: list[Any]) -> float:
+    return _run_threads([_Returned.counted(h.next_rendezvous) for h in handlers])
+
+
+COUNTERS = ("cas_attempts", "cas_conflicts", "reads", "announces", "announced_reads", "beats")
+"""IoStats counters summed over the nodes (``beats``: writes of a node's own heartbeat key,
+in variants that keep heartbeats outside the state; 0 where the handler has none)."""
+
+
+def _sums(handlers: list[Any]) -> dict[str, int]:
+    stats = [h.io_stats() for h in handlers]
+    return {name: sum(getattr(s, name, 0) for s in stats) for name in COUNTERS}
+
+
+def measure_round(job: dict[str, Any]) -> dict[str, Any]:
+    """Time, CAS and server bytes of one min = max = N round (keep-alive 5 s)."""
+    meter = ByteMeter(job["server"], job["port"])
+    handlers = _handlers(job, ROUND_KEEP_ALIVE)
+    before = meter.read()
+    seconds = _rendezvous(handlers)
+    after = meter.read()
+    return {"seconds": seconds, "bytes": meter.delta(before, after), **_sums(handlers)}
+
+
+def measure_steady(job: dict[str, Any]) -> dict[str, Any]:
+    """Per keep-alive interval after a completed round: server bytes, CAS, lost CAS."""
+    interval = STEADY_KEEP_ALIVE_S
+    meter = ByteMeter(job["server"], job["port"])
+    handlers = _handlers(job, f"{interval:g}")
+    _rendezvous(handlers)
+    time.sleep(SETTLE_INTERVALS * interval)
+    stats0, bytes0 = _sums(handlers), meter.read()
+    window = job["intervals"] * interval
+    time.sleep(window)
+    stats1, bytes1 = _sums(handlers), meter.read()
+    moved = meter.delta(bytes0, bytes1)
+    per = float(job["intervals"])
+    return {
+        "bytes": None if moved is None else moved / per,
+        **{name: (stats1[name] - stats0[name]) / per for name in COUNTERS},
+    }
+
+
+def measure_torch(job: dict[str, Any]) -> dict[str, Any]:
+    bench_handler.JOIN_TIMEOUT = f"{job['cap']:g}"  # torch_threads reads it per call
+    result = torch_threads(int(job["n"]), f"torch-{job['n']}-{uuid.uuid4().hex[:8]}")
+    return {"seconds": result.seconds}
+
+
+MEASURES = {"round": measure_round, "steady": measure_steady, "torch": measure_torch}
+
+
+_printed = threading.Lock()
+
+
+def _finish(result: dict[str, Any]) -> NoReturn:
+    """Print the result line once and end the process (lingering handler threads,
+    keep-alives included, end with it)."""
+    if _printed.acquire(blocking=False):
+        sys.stdout.write(RESULT_PREFIX + json.dumps(result, sort_keys=True) + "\n")
+        sys.stdout.flush()
+    os._exit(0)
+
+
+def child(job_json: str) -> NoReturn:
+    """Run one measurement and print its result line; never returns."""
+    job = json.loads(job_json)
+    limit = float(job["cap"]) + WATCHDOG_SLACK_S + float(job.get("intervals", 0))
+
+    def expire() -> None:
+        with _Returned.lock:
+            returned = _Returned.count
+        error = f"not finished {limit:g} s after the start: {returned} of {job['n']} nodes returned"
+        _finish({"ok": False, "error": error})
+
+    watchdog = threading.Timer(limit, expire)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        result: dict[str, Any] = {"ok": True, **MEASURES[job["kind"]](job)}
+    except BaseException as exc:
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    _finish(result)
+
+
+# -- the parent: one subprocess per measurement -----------------------------------------------
+@dataclass
+class Outcome:
+    ok: bool
+    values: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+
+
+def _short(reason: str) -> str:
+    """One line of at most 160 characters: the innermost error's name and message, node
+    ids left out (they differ from run to run)."""
+    text = " ".join(reason.split())
+    inner = re.search(r"(\w+Error)\(['\"](.*)", text)
+    if inner:
+        text = f"{inner.group(1)}: {inner.group(2)}"
+    text = re.sub(r" of node \S+", "", text).rstrip("')]\"")
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def run_child(job: dict[str, Any], cap: float) -> Outcome:
+    """Run one measurement in a fresh interpreter, killed after cap + slack."""
+    limit = cap + CHILD_SLACK_S + CHILD_SLACK_PER_NODE_S * int(job["n"])
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(job)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        return Outcome(False, error=f"no result within {limit:g} s (cap {cap:g} s + slack)")
+    except BaseException:
+        _kill(proc)
+        raise
+    for line in reversed(out.decode(errors="replace").splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            data = json.loads(line[len(RESULT_PREFIX) :])
+            if data.pop("ok"):
+                return Outcome(True, data)
+            return Outcome(False, error=_short(data["error"]))
+    tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+    return Outcome(False, error=_short(f"exit {proc.returncode}: {tail[0]}"))
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=PROBE_TIMEOUT_S)
+
+
+@dataclass
+class Row:
+    store: str
+    protocol: str
+    n: int
+    round: Outcome
+    steady: Outcome | None
+    torch: Outcome | None
+
+
+COLUMNS = (
+    ("store", 6),
+    ("protocol", 8),
+    ("N", 5),
+    ("seconds", 8),
+    ("cas", 7),
+    ("lost", 7),
+    ("announces", 9),
+    ("rdzv kB", 9),
+    ("kB/node", 7),
+    ("steady kB/int", 13),
+    ("steady cas/int", 14),
+    ("steady lost/int", 15),
+    ("steady beats/int", 16),
+    ("torch s", 7),
+    ("torch/rdzv", 10),
+)
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def row_cells(row: Row) -> list[str] | str:
+    """The cells of a row after store, protocol and N, or the failure text."""
+    if not row.round.ok:
+        return f"failed: {row.round.error}"
+    r = row.round.values
+    kb = None if r["bytes"] is None else r["bytes"] / 1000
+    if row.steady is None:
+        steady = ["-"] * 4
+    elif row.steady.ok:
+        s = row.steady.values
+        sb = None if s["bytes"] is None else s["bytes"] / 1000
+        steady = [_num(sb), _num(s["cas_attempts"]), _num(s["cas_conflicts"])]
+        steady.append(_num(s.get("beats", 0.0)))
+    else:
+        steady = ["failed"] * 4
+    torch_s = ratio = "-"
+    if row.torch is not None:
+        if row.torch.ok:
+            t = row.torch.values["seconds"]
+            torch_s, ratio = f"{t:.3f}", f"{t / r['seconds']:.1f}x"
+        else:
+            torch_s = ratio = "failed"
+    return [
+        f"{r['seconds']:.3f}",
+        str(r["cas_attempts"]),
+        str(r["cas_conflicts"]),
+        str(r["announces"]),
+        _num(kb),
+        _num(None if kb is None else kb / row.n, 2),
+        *steady,
+        torch_s,
+        ratio,
+    ]
+
+
+def text_line(row: Row) -> str:
+    head = [row.store, row.protocol, str(row.n)]
+    cells = row_cells(row)
+    widths = [w for _, w in COLUMNS]
+    start = " ".join(f"{c:<{w}}" if i < 2 else f"{c:>{w}}" for i, (c, w) in enumerate(
+        zip(head, widths[:3], strict=True)))  # fmt: skip
+    if isinstance(cells, str):
+        return f"{start} {cells}"
+    line = start + " " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths[3:], strict=True))
+    notes = []
+    if row.steady is not None and not row.steady.ok:
+        notes.append(f"steady failed: {row.steady.error}")
+    if row.torch is not None and not row.torch.ok:
+        notes.append(f"torch failed: {row.torch.error}")
+    return line + ("  " + "; ".join(notes) if notes else "")
+
+
+def text_header() -> str:
+    return " ".join(
+        f"{name:<{w}}" if i < 2 else f"{name:>{w}}" for i, (name, w) in enumerate(COLUMNS)
+    )
+
+
+def save_rows(rows: Sequence[Row], path: Path) -> None:
+    path.write_text(json.dumps([asdict(r) for r in rows], indent=1, sort_keys=True) + "\n")
+
+
+def load_rows(path: Path) -> list[Row]:
+    def outcome(data: dict[str, Any] | None) -> Outcome | None:
+        return None if data is None else Outcome(data["ok"], data["values"], data["error"])
+
+    rows = []
+    for d in json.loads(path.read_text()):
+        first = outcome(d["round"])
+        assert first is not None, f"{path}: a row without a round result"
+        rows.append(
+            Row(d["store"], d["protocol"], d["n"], first, outcome(d["steady"]), outcome(d["torch"]))
+        )
+    return rows
+
+
+def markdown_table(rows: Sequence[Row]) -> str:
+    names = [name for name, _ in COLUMNS]
+    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * 2 + "---:|" * (len(names) - 2)]
+    for row in rows:
+        cells = row_cells(row)
+        if isinstance(cells, str):
+            cells = [cells.replace("|", "/")] + ["-"] * (len(names) - 4)
+        else:
+            if row.steady is not None and not row.steady.ok:
+                cells[6] = "failed: " + row.steady.error.replace("|", "/")
+            if row.torch is not None and not row.torch.ok:
+                cells[10] = "failed: " + row.torch.error.replace("|", "/")
+        lines.append("| " + " | ".join([row.store, row.protocol, str(row.n), *cells]) + " |")
+    return "\n".join(lines)
+
+
+# -- SVG line plots (log-log), no dependencies -------------------------------------------------
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f")
+DASHES = {"hardened": "", "scale": "6,4", "torch": "2,3"}
+Series = tuple[str, Sequence[tuple[float, float | None]]]
+"""(label, [(x, y or None for a failed/omitted point)])."""
+
+
+def _decades(values: Sequence[float]) -> tuple[int, int]:
+    low = math.floor(math.log10(min(values)))
+    high = math.ceil(math.log10(max(values)))
+    return (low, high + 1) if low == high else (low, high)
+
+
+def _decade_label(k: int) -> str:
+    if 0 <= k <= 6:
+        return f"{10**k:,}"
+    if -3 <= k < 0:
+        return f"{10.0**k:.{-k}f}"
+    return f"1e{k}"
+
+
+def svg_plot(title: str, xlabel: str, ylabel: str, series: Sequence[Series]) -> str:
+    """A deterministic log-log line plot: one polyline per series (broken where a point is
+    missing), decade ticks with labels, minor ticks, a legend. Non-positive y values and
+    None are omitted (a log axis cannot show them)."""
+    width, height = 760, 440
+    left, right, top, bottom = 80, 520, 50, 370
+    drawn = [
+        (label, [(x, y) for x, y in pts if y is not None and y > 0 and x > 0])
+        for label, pts in series
+    ]
+    xs = [x for _, pts in drawn for x, _ in pts]
+    ys = [y for _, pts in drawn for _, y in pts]
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{(left + right) / 2:.1f}" y="28" text-anchor="middle" font-size="15">'
+        f"{escape(title)}</text>",
+    ]
+    if not xs:
+        out.append(f'<text x="{left}" y="{top + 40}">no measured points</text></svg>')
+        return "\n".join(out) + "\n"
+    x0, x1 = _decades(xs)
+    y0, y1 = _decades(ys)
+
+    def px(x: float) -> float:
+        return left + (math.log10(x) - x0) / (x1 - x0) * (right - left)
+
+    def py(y: float) -> float:
+        return bottom - (math.log10(y) - y0) / (y1 - y0) * (bottom - top)
+
+    grid = 'stroke="#dddddd" stroke-width="1"'
+    for k in range(x0, x1 + 1):
+        x = px(10.0**k)
+        out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" {grid}/>')
+        out.append(
+            f'<text x="{x:.1f}" y="{bottom + 18}" text-anchor="middle">{_decade_label(k)}</text>'
+        )
+        for m in range(2, 10) if k < x1 else ():
+            xm = px(m * 10.0**k)
+            out.append(
+                f'<line x1="{xm:.1f}" y1="{bottom}" x2="{xm:.1f}" y2="{bottom - 4}" '
+                'stroke="black"/>'
+            )
+    for k in range(y0, y1 + 1):
+        y = py(10.0**k)
+        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" {grid}/>')
+        out.append(
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_decade_label(k)}</text>'
+        )
+        for m in range(2, 10) if k < y1 else ():
+            ym = py(m * 10.0**k)
+            out.append(
+                f'<line x1="{left}" y1="{ym:.1f}" x2="{left + 4}" y2="{ym:.1f}" stroke="black"/>'
+            )
+    out.append(
+        f'<rect x="{left}" y="{top}" width="{right - left}" height="{bottom - top}" '
+        'fill="none" stroke="black"/>'
+    )
+    out.append(
+        f'<text x="{(left + right) / 2:.1f}" y="{bottom + 40}" text-anchor="middle">'
+        f"{escape(xlabel)}</text>"
+    )
+    out.append(
+        f'<text x="20" y="{(top + bottom) / 2:.1f}" text-anchor="middle" '
+        f'transform="rotate(-90 20 {(top + bottom) / 2:.1f})">{escape(ylabel)}</text>'
+    )
+    legend_y = top + 6
+    shown = 0
+    for i, (label, pts) in enumerate(drawn):
+        color = PALETTE[i % len(PALETTE)]
+        dash = DASHES.get(label.rsplit(" ", 1)[-1], "")
+        style = f'stroke="{color}" stroke-width="2" fill="none"'
+        if dash:
+            style += f' stroke-dasharray="{dash}"'
+        segments: list[list[tuple[float, float]]] = [[]]
+        original = dict(series[i][1])
+        for x in sorted(original):
+            value = original[x]
+            if value is None or value <= 0:
+                segments.append([])
+            else:
+                segments[-1].append((x, value))
+        for seg in segments:
+            if len(seg) >= 2:
+                coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in seg)
+                out.append(f'<polyline points="{coords}" {style}/>')
+        for x, y in pts:
+            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{color}"/>')
+        if not pts:
+            continue
+        ly = legend_y + 18 * shown
+        shown += 1
+        out.append(
+            f'<line x1="{right + 20}" y1="{ly:.1f}" x2="{right + 50}" y2="{ly:.1f}" {style}/>'
+        )
+        out.append(f'<text x="{right + 56}" y="{ly + 4:.1f}">{escape(label)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def write_plots(rows: Sequence[Row], folder: Path) -> list[Path]:
+    combos = sorted({(r.store, r.protocol) for r in rows}, key=lambda c: c)
+
+    def series(pick: Any) -> list[Series]:
+        return [
+            (
+                f"{store} {protocol}",
+                [(float(r.n), pick(r)) for r in rows if (r.store, r.protocol) == (store, protocol)],
+            )
+            for store, protocol in combos
+        ]
+
+    def ok_round(key: str) -> Any:
+        return lambda r: r.round.values[key] if r.round.ok else None
+
+    torch_points: dict[int, float] = {
+        r.n: r.torch.values["seconds"] for r in rows if r.torch is not None and r.torch.ok
+    }
+    time_series = series(ok_round("seconds"))
+    if torch_points:
+        time_series.append(("c10d torch", sorted((float(n), t) for n, t in torch_points.items())))
+    steady = series(
+        lambda r: r.steady.values["bytes"] if r.steady is not None and r.steady.ok else None
+    )
+    plots = {
+        "time": svg_plot(
+            "Time to complete one min = max = N rendezvous",
+            "N (nodes)",
+            "seconds",
+            time_series,
+        ),
+        "lost": svg_plot(
+            "Lost CAS (conflicts) per rendezvous, all nodes (0 not drawn)",
+            "N (nodes)",
+            "lost compare-and-sets",
+            series(ok_round("cas_conflicts")),
+        ),
+        "bytes": svg_plot(
+            "Bytes moved by the server during one rendezvous",
+            "N (nodes)",
+            "bytes (server counters)",
+            series(ok_round("bytes")),
+        ),
+        "steady": svg_plot(
+            "Steady state: server bytes per keep-alive interval",
+            "N (nodes)",
+            "bytes per interval",
+            steady,
+        ),
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for key, svg in plots.items():
+        path = folder / PLOT_FILES[key]
+        path.write_text(svg)
+        written.append(path)
+    return written
+
+
+# -- main ----------------------------------------------------------------------------------------
+def _list(
+    parser: argparse.ArgumentParser, text: str, allowed: Sequence[str], what: str
+) -> list[str]:
+    items = [s for s in text.split(",") if s]
+    for item in items:
+        if item not in allowed:
+            parser.error(f"unknown {what} {item!r}; choose from {', '.join(allowed)}")
+    if not items:
+        parser.error(f"--{what}s needs at least one of {', '.join(allowed)}")
+    return items
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    parser.add_argument("--sizes", help="comma-separated N values (default 8,64,128,512,1024)")
+    parser.add_argument("--quick", action="store_true", help="N = 8, 64 (smoke run)")
+    parser.add_argument("--stores", default=",".join(STORES), help="of memory,sqlite,redis,etcd")
+    parser.add_argument("--protocols", default=",".join(PROTOCOLS), help="hardened,scale")
+    parser.add_argument("--cap", type=float, default=CAP_S, help="seconds per measurement")
+    parser.add_argument("--steady-intervals", type=int, default=STEADY_INTERVALS)
+    parser.add_argument("--no-steady", action="store_true", help="skip the steady-state window")
+    parser.add_argument("--no-torch", action="store_true", help="skip torch even if importable")
+    parser.add_argument("--no-plots", action="store_true", help="write no SVG files")
+    parser.add_argument("--plots-dir", default=str(ROOT / "docs" / "benchmarks"))
+    parser.add_argument("--markdown", action="store_true", help="also print a markdown table")
+    parser.add_argument("--save", help="also write the raw results to this JSON file")
+    parser.add_argument(
+        "--from-results", help="measure nothing: print and plot a file written by --save"
+    )
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child is not None:
+        child(args.child)
+    if args.from_results is not None:
+        saved = load_rows(Path(args.from_results))
+        print(text_header())
+        for row in saved:
+            print(text_line(row))
+        return report(saved, args)
+    try:
+        sizes = (
+            [int(s) for s in args.sizes.split(",") if s]
+            if args.sizes
+            else list(QUICK_SIZES if args.quick else SIZES)
+        )
+    except ValueError:
+        parser.error(f"--sizes must be comma-separated integers, got {args.sizes!r}")
+    if not sizes or any(n < 1 for n in sizes):
+        parser.error("every size must be >= 1")
+    if args.cap <= 0:
+        parser.error(f"--cap must be a positive number of seconds, got {args.cap}")
+    if args.steady_intervals < 1:
+        parser.error(f"--steady-intervals must be >= 1, got {args.steady_intervals}")
+    # SIGTERM (and SIGINT, even when the launching shell ignored it) unwind through the
+    # finally blocks: the running measurement is killed and the servers are stopped.
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    stores = _list(parser, args.stores, ALL_STORES, "store")
+    protocols = _list(parser, args.protocols, PROTOCOLS, "protocol")
+    with_torch = not args.no_torch and torch_available()
+    window = f"{args.steady_intervals}x{STEADY_KEEP_ALIVE_S:g}s"
+    print(
+        f"bench_scale: sizes={','.join(map(str, sizes))} stores={','.join(stores)} "
+        f"protocols={','.join(protocols)} cap={args.cap:g}s "
+        f"steady={'off' if args.no_steady else window} "
+        f"torch={'yes' if with_torch else 'no'}",
+        flush=True,
+    )
+    print(text_header())
+    print("-" * len(text_header()), flush=True)
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp, store_urls(tuple(stores), Path(tmp)) as urls:
+        for n in sizes:
+            torch = None
+            if with_torch and n <= TORCH_MAX_N:
+                torch = run_child({"kind": "torch", "n": n, "cap": args.cap}, args.cap)
+            for store in stores:
+                kind, port = _server_of(store, urls[store])
+                for protocol in protocols:
+                    job = {
+                        "kind": "round",
+                        "url": urls[store],
+                        "server": kind,
+                        "port": port,
+                        "protocol": protocol,
+                        "n": n,
+                        "cap": args.cap,
+                        "intervals": args.steady_intervals,
+                    }
+                    outcome = run_child(job, args.cap)
+                    steady = None
+                    if outcome.ok and not args.no_steady:
+                        steady = run_child({**job, "kind": "steady"}, args.cap)
+                    row = Row(store, protocol, n, outcome, steady, torch)
+                    rows.append(row)
+                    print(text_line(row), flush=True)
+                    if args.save:
+                        save_rows(rows, Path(args.save))
+    return report(rows, args)
+
+
+def report(rows: Sequence[Row], args: argparse.Namespace) -> int:
+    if args.markdown:
+        print()
+        print(markdown_table(rows))
+    if not args.no_plots:
+        for path in write_plots(rows, Path(args.plots_dir)):
+            print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
