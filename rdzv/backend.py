@@ -59,40 +59,31 @@ class RendezvousBackend(ABC):
         Returns the state stored afterwards, its token and whether this write happened;
         None if there is still no state."""
 
+    def _cannot(self, what: str) -> NotImplementedError:
+        return NotImplementedError(
+            f"the {self.name!r} backend keeps no {what}, which the chosen protocol variant "
+            f"needs; use protocol=hardened, or an rdzv store (memory://, sqlite://, "
+            f"redis://, etcd://)"
+        )
+
     def announce(self, round_: int, member: bytes) -> int:
         """Add ``member`` to round ``round_``'s announcement set; return the set's size.
 
         Only announcing protocol variants (``scale``) call this; backends that cannot
         keep such sets leave this default, which says so."""
-        raise NotImplementedError(
-            f"the {self.name!r} backend keeps no announcement sets, which the chosen "
-            f"protocol variant needs; use protocol=hardened, or an rdzv store "
-            f"(memory://, sqlite://, redis://, etcd://)"
-        )
+        raise self._cannot("announcement sets")
 
     def announced(self, round_: int) -> list[bytes]:
         """The members of round ``round_``'s announcement set (see :meth:`announce`)."""
-        raise NotImplementedError(
-            f"the {self.name!r} backend keeps no announcement sets, which the chosen "
-            f"protocol variant needs; use protocol=hardened, or an rdzv store "
-            f"(memory://, sqlite://, redis://, etcd://)"
-        )
+        raise self._cannot("announcement sets")
 
     def beat(self, node: str, value: bytes) -> None:
         """Write ``node``'s heartbeat key (variants with heartbeats under keys)."""
-        raise NotImplementedError(
-            f"the {self.name!r} backend keeps no heartbeat keys, which the chosen "
-            f"protocol variant needs; use protocol=hardened, or an rdzv store "
-            f"(memory://, sqlite://, redis://, etcd://)"
-        )
+        raise self._cannot("heartbeat keys")
 
     def beats(self, nodes: Sequence[str]) -> list[bytes | None]:
         """The heartbeat values of ``nodes`` (None where absent), without waiting."""
-        raise NotImplementedError(
-            f"the {self.name!r} backend keeps no heartbeat keys, which the chosen "
-            f"protocol variant needs; use protocol=hardened, or an rdzv store "
-            f"(memory://, sqlite://, redis://, etcd://)"
-        )
+        raise self._cannot("heartbeat keys")
 
     def wait_for_change(self, token: Token | None, timeout: float) -> bool:
         """Block until the stored state's token is no longer ``token`` (True) or

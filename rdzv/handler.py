@@ -29,9 +29,10 @@ import secrets
 import socket
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from rdzv import events
 from rdzv.api import (
@@ -73,6 +74,7 @@ from spec.machine import (
     Fail,
     IoFailed,
     Local,
+    Now,
     Read,
     ReadAnnounced,
     ReadBeats,
@@ -97,6 +99,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 MAX_WAIT_SLICE = 1.0
 """Seconds: the longest single blocking wait for a state change before the clock is
@@ -316,49 +320,51 @@ class NodeDriver:
         data, token = (None, None) if current is None else current
         self._feed(ReadResult(data, token, now_of(self.clock)))
 
-    def _announce(self, request: Announce) -> None:
-        self.stats.announces += 1
+    def _side_io(self, what: str, call: Callable[[], T], answer: Callable[[T, Now], Event]) -> None:
+        """Carry out one request outside the state register (announcement sets,
+        heartbeat keys) and feed ``answer(result, now)``, ``now`` taken once the call
+        returned; an error ends the operation like any other I/O error."""
         try:
-            size = self.backend.announce(request.round, request.member)
+            result = call()
         except BaseException as exc:
-            self._io_failed(exc, "announcing this node")
+            self._io_failed(exc, what)
             if not isinstance(exc, Exception):
                 raise
             return
-        self._feed(Announced(size, now_of(self.clock)))
+        self._feed(answer(result, now_of(self.clock)))
+
+    def _announce(self, request: Announce) -> None:
+        self.stats.announces += 1
+        self._side_io(
+            "announcing this node",
+            lambda: self.backend.announce(request.round, request.member),
+            Announced,
+        )
 
     def _read_announced(self, request: ReadAnnounced) -> None:
         self.stats.announced_reads += 1
-        try:
-            members = tuple(self.backend.announced(request.round))
-        except BaseException as exc:
-            self._io_failed(exc, "reading the announcement set")
-            if not isinstance(exc, Exception):
-                raise
-            return
-        self._feed(AnnouncedMembers(members, now_of(self.clock)))
+        self._side_io(
+            "reading the announcement set",
+            lambda: tuple(self.backend.announced(request.round)),
+            AnnouncedMembers,
+        )
 
     def _beat(self, request: Beat) -> None:
         self.stats.beats += 1
-        try:
-            self.backend.beat(str(self.local.node), request.value)
-        except BaseException as exc:
-            self._io_failed(exc, "writing this node's heartbeat key")
-            if not isinstance(exc, Exception):
-                raise
-            return
-        self._feed(Beaten(now_of(self.clock)))
+        self._side_io(
+            "writing this node's heartbeat key",
+            lambda: self.backend.beat(str(self.local.node), request.value),
+            lambda _, now: Beaten(now),
+        )
 
     def _read_beats(self, request: ReadBeats) -> None:
         self.stats.beat_reads += 1
-        try:
-            values = tuple(self.backend.beats([str(n) for n in request.nodes]))
-        except BaseException as exc:
-            self._io_failed(exc, "reading watched heartbeat keys")
-            if not isinstance(exc, Exception):
-                raise
-            return
-        self._feed(BeatValues(values, now_of(self.clock)))
+        nodes = [str(n) for n in request.nodes]
+        self._side_io(
+            "reading watched heartbeat keys",
+            lambda: tuple(self.backend.beats(nodes)),
+            BeatValues,
+        )
 
     def _write(self, request: CompareAndSet) -> None:
         self.stats.cas_attempts += 1
