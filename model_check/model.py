@@ -415,7 +415,7 @@ class _Run:
             self.feed(slot, Announced(size, now))
             return
         if local.phase is Phase.BEATING:
-            value = str((local.beats + 1) % BEAT_MODULUS).encode("ascii")
+            value = str(spec.next_beat(local, self.mcfg)).encode("ascii")
             others = tuple(entry for entry in self.beats if entry[0] != p.ident)
             self.beats = tuple(sorted((*others, (p.ident, value))))
             if not p.beating:

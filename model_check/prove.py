@@ -996,11 +996,57 @@ class Prover:
     def setup_row(self, w: World, op: Op, index: int) -> Setup:
         """Induction over one mutating row: invariants and selection before, effect."""
         table = self.variant.table(op)
+        ctx, facts = self._context(w)
+        after, replay = self._row_effect(w, table, index, ctx)
+        hypotheses = [
+            *facts,
+            *w.side,
+            *state_facts(w, after),
+            *self.invariants(w, ctx.state, ctx.settings).values(),
+            selected(w, table, index, ctx),
+        ]
+        return Setup(
+            w,
+            hypotheses,
+            self._goals(w, ctx.state, after, ctx.settings),
+            self._symbols(w, ctx, after),
+            replay,
+        )
+
+    def _row_effect(
+        self, w: World, table: Table, index: int, ctx: SymContext
+    ) -> tuple[SymState, Callable[[Concrete], list[str]]]:
+        """The state after row ``index``'s action and how to replay it on spec: an
+        effect; a fold, for ANY announcement set; or a prune of watched nodes, for ANY
+        set of them (which ones a watcher finds dead depends on its own clock)."""
         action = table.rows[index].then
         if action.folds:
-            return self._setup_fold_row(w, op, index)
+            fold = self.variant.folds[action]
+            fold_model = self.fold_models.get(fold)
+            if fold_model is None:
+                raise MissingModel(
+                    f"fold {fold.__module__}.{fold.__qualname__} of {action.value} has no "
+                    "symbolic model: add one to model_check.prove.SYMBOLIC_FOLDS (and to its "
+                    "cross-check test)"
+                )
+            announced = w.node_array("announced", w.z3.BoolSort())
+            after = fold_model(w, ctx.state, ctx.node, announced, ctx.settings, ctx.wall_now)
+            return after, lambda c: [
+                "  (a fold: the announcement set is shown above; not replayed)"
+            ]
         if action is Action.PRUNE_DEAD:
-            return self._setup_prune_row(w, op, index)
+            pruner = self.variant.prune
+            prune_model = SYMBOLIC_PRUNERS.get(pruner)
+            if prune_model is None:
+                raise MissingModel(
+                    f"prune {pruner.__module__}.{pruner.__qualname__} has no symbolic model: "
+                    "add one to model_check.prove.SYMBOLIC_PRUNERS"
+                )
+            dead = w.node_array("dead", w.z3.BoolSort())
+            after = prune_model(w, ctx.state, dead, ctx.settings)
+            return after, lambda c: [
+                "  (a prune of watched nodes: the dead set is shown above; not replayed)"
+            ]
         effect = self.variant.effects[action]
         model = self.models.get(effect)
         if model is None:
@@ -1009,15 +1055,6 @@ class Prover:
                 "symbolic model: add one to model_check.prove.SYMBOLIC_EFFECTS (and to its "
                 "cross-check test)"
             )
-        ctx, facts = self._context(w)
-        after = model(w, ctx.state, ctx.node, ctx.settings, ctx.wall_now)
-        hypotheses = [
-            *facts,
-            *w.side,
-            *state_facts(w, after),
-            *self.invariants(w, ctx.state, ctx.settings).values(),
-            selected(w, table, index, ctx),
-        ]
 
         def replay(c: Concrete) -> list[str]:
             assert c.context is not None and c.node is not None
@@ -1028,80 +1065,7 @@ class Prover:
             after_real = effect(c.before, c.node, c.settings, c.wall_now)
             return lines + _replay_lines(c.before, after_real, c.settings, effect.__name__)
 
-        return Setup(
-            w,
-            hypotheses,
-            self._goals(w, ctx.state, after, ctx.settings),
-            self._symbols(w, ctx, after),
-            replay,
-        )
-
-    def _setup_fold_row(self, w: World, op: Op, index: int) -> Setup:
-        """Induction over a folding row, for ANY announcement set."""
-        table = self.variant.table(op)
-        action = table.rows[index].then
-        fold = self.variant.folds[action]
-        model = self.fold_models.get(fold)
-        if model is None:
-            raise MissingModel(
-                f"fold {fold.__module__}.{fold.__qualname__} of {action.value} has no "
-                "symbolic model: add one to model_check.prove.SYMBOLIC_FOLDS (and to its "
-                "cross-check test)"
-            )
-        ctx, facts = self._context(w)
-        announced = w.node_array("announced", w.z3.BoolSort())
-        after = model(w, ctx.state, ctx.node, announced, ctx.settings, ctx.wall_now)
-        hypotheses = [
-            *facts,
-            *w.side,
-            *state_facts(w, after),
-            *self.invariants(w, ctx.state, ctx.settings).values(),
-            selected(w, table, index, ctx),
-        ]
-
-        def replay(c: Concrete) -> list[str]:
-            return ["  (a fold: the announcement set is shown above; not replayed)"]
-
-        return Setup(
-            w,
-            hypotheses,
-            self._goals(w, ctx.state, after, ctx.settings),
-            self._symbols(w, ctx, after),
-            replay,
-        )
-
-    def _setup_prune_row(self, w: World, op: Op, index: int) -> Setup:
-        """Induction over a row that prunes watched dead nodes: for ANY set of nodes
-        (which ones a watcher finds dead depends on its own clock and reads)."""
-        table = self.variant.table(op)
-        pruner = self.variant.prune
-        model = SYMBOLIC_PRUNERS.get(pruner)
-        if model is None:
-            raise MissingModel(
-                f"prune {pruner.__module__}.{pruner.__qualname__} has no symbolic model: "
-                "add one to model_check.prove.SYMBOLIC_PRUNERS"
-            )
-        ctx, facts = self._context(w)
-        dead = w.node_array("dead", w.z3.BoolSort())
-        after = model(w, ctx.state, dead, ctx.settings)
-        hypotheses = [
-            *facts,
-            *w.side,
-            *state_facts(w, after),
-            *self.invariants(w, ctx.state, ctx.settings).values(),
-            selected(w, table, index, ctx),
-        ]
-
-        def replay(c: Concrete) -> list[str]:
-            return ["  (a prune of watched nodes: the dead set is shown above; not replayed)"]
-
-        return Setup(
-            w,
-            hypotheses,
-            self._goals(w, ctx.state, after, ctx.settings),
-            self._symbols(w, ctx, after),
-            replay,
-        )
+        return model(w, ctx.state, ctx.node, ctx.settings, ctx.wall_now), replay
 
     def setup_sanitize(self, w: World) -> Setup:
         pruner = self.variant.prune

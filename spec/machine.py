@@ -361,9 +361,7 @@ def step(local: Local, event: Event, config: Config) -> Step:
     if isinstance(event, Beaten):
         if local.phase is not Phase.BEATING:
             raise InvalidTransition(local, event)
-        beaten = replace(
-            local, beats=(local.beats + 1) % config.beat_modulus, beat_at=event.now.mono
-        )
+        beaten = replace(local, beats=next_beat(local, config), beat_at=event.now.mono)
         return _decide(beaten, event.now, config)
     if isinstance(event, BeatValues):
         if local.phase is not Phase.WATCHING:
@@ -374,6 +372,11 @@ def step(local: Local, event: Event, config: Config) -> Step:
             raise InvalidTransition(local, event)
         return _fail(replace(local, folding=None), FailKind.CONNECTION, event.reason)
     raise InvalidTransition(local, event)
+
+
+def next_beat(local: Local, config: Config) -> int:
+    """The count this node's next heartbeat write carries (its value is its digits)."""
+    return (local.beats + 1) % config.beat_modulus
 
 
 def watched(view: RendezvousState, node: NodeId) -> tuple[NodeId, ...]:
@@ -567,7 +570,7 @@ def _decide(local: Local, now: Now, config: Config) -> Step:
         busy = replace(local, phase=Phase.READING_ANNOUNCED, folding=action)
         return Step(busy, ReadAnnounced(local.view.round), action, index)
     if action is Action.BEAT:
-        value = str((local.beats + 1) % config.beat_modulus).encode("ascii")
+        value = str(next_beat(local, config)).encode("ascii")
         return Step(replace(local, phase=Phase.BEATING), Beat(value), action, index)
     if action is Action.WATCH:
         nodes = watched(local.view, local.node)
