@@ -504,6 +504,46 @@ def test_sqlite_file_that_is_not_a_database(tmp_path: Path) -> None:
     assert path.read_bytes() == text  # left untouched
 
 
+def _open_at(path: str, start: float, out: str) -> None:
+    """Child process: open (and close) the store at ``path`` at wall time ``start``."""
+    import time
+
+    while time.time() < start:  # bounded: start is a second or so away
+        time.sleep(0.0005)
+    try:
+        SQLiteStore(path, busy_timeout_ms=30_000).close()
+        Path(out).write_text("ok")
+    except RendezvousConnectionError as exc:
+        Path(out).write_text(f"error: {exc}")
+
+
+def test_sqlite_processes_opening_a_new_file_together_all_succeed(tmp_path: Path) -> None:
+    # Several processes creating one file at once used to get "database is locked" at
+    # once (SQLite refuses a lock upgrade that could deadlock, without waiting); about
+    # half of such rounds failed before opens were retried.
+    import multiprocessing
+    import time
+
+    ctx = multiprocessing.get_context("spawn")
+    for round_ in range(4):
+        folder = tmp_path / f"r{round_}"
+        folder.mkdir()
+        path = str(folder / "rdzv.db")
+        start = time.time() + 1.5
+        outs = [str(folder / f"out{i}") for i in range(5)]
+        procs = [ctx.Process(target=_open_at, args=(path, start, out)) for out in outs]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(60)
+        results = [Path(out).read_text() if Path(out).exists() else "no result" for out in outs]
+        assert results == ["ok"] * len(outs), results
+
+
 def test_sqlite_locked_database_fails_fast_and_recovers(files: SQLiteFiles) -> None:
     path = files.path()
     store = open_store(f"sqlite://{path}?busy_timeout_ms=10", timeout=SHORT)

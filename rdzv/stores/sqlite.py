@@ -64,6 +64,9 @@ DEFAULT_BUSY_TIMEOUT_MS = 5_000
 # Poll backoff of blocking calls: starts at 1 ms after a change, doubles to at most 50 ms.
 POLL_MIN_S = 0.001
 POLL_MAX_S = 0.050
+# Pauses between attempts to open a file that another process is setting up.
+OPEN_RETRY_MIN_S = 0.002
+OPEN_RETRY_MAX_S = 0.100
 # Keys per SELECT ... IN (...) statement (SQLite limits bound parameters per statement).
 _CHUNK = 500
 
@@ -158,14 +161,33 @@ class SQLiteStore(BaseStore):
                 f"cannot open the SQLite store {self._path}: it is a directory; "
                 "point the sqlite:// URL at a file"
             )
-        conn: sqlite3.Connection | None = None
+        # Processes opening a new file together can get "database is locked" at once,
+        # without the busy handler waiting: SQLite refuses a lock upgrade that could
+        # deadlock (switching to WAL, creating the tables). Such an open is retried with
+        # a growing pause, for at most busy_timeout_ms.
+        deadline = time.monotonic() + self._busy_timeout_ms / 1000
+        pause = OPEN_RETRY_MIN_S
+        while True:  # bounded by the deadline
+            try:
+                return self._connect_once()
+            except sqlite3.OperationalError as exc:
+                low = str(exc).lower()
+                locked = "locked" in low or "busy" in low
+                if not locked or time.monotonic() + pause > deadline:
+                    raise self._error(exc, "opening the store") from exc
+            except sqlite3.Error as exc:
+                raise self._error(exc, "opening the store") from exc
+            time.sleep(pause)
+            pause = min(pause * 2, OPEN_RETRY_MAX_S)
+
+    def _connect_once(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self._path,
+            timeout=self._busy_timeout_ms / 1000,
+            isolation_level=None,  # autocommit; transactions are explicit
+            check_same_thread=False,  # only close() touches another thread's connection
+        )
         try:
-            conn = sqlite3.connect(
-                self._path,
-                timeout=self._busy_timeout_ms / 1000,
-                isolation_level=None,  # autocommit; transactions are explicit
-                check_same_thread=False,  # only close() touches another thread's connection
-            )
             conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms:d}")
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
@@ -176,11 +198,8 @@ class SQLiteStore(BaseStore):
             conn.execute("PRAGMA synchronous = NORMAL")
             for statement in _SCHEMA:
                 conn.execute(statement)
-        except BaseException as exc:
-            if conn is not None:
-                conn.close()
-            if isinstance(exc, sqlite3.Error):
-                raise self._error(exc, "opening the store") from exc
+        except BaseException:
+            conn.close()
             raise
         return conn
 
