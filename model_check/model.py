@@ -69,6 +69,11 @@ from spec import (
 BEAT_MODULUS = 4
 """Heartbeat-key values count modulo this in the model (see ``machine_config``)."""
 
+STALE_SIGHTING = -(2**62)
+"""The value and first-seen time of a forgotten heartbeat sighting (see
+:func:`forget_stale_sightings`): no heartbeat value equals it and its expiry is long past,
+so the next read starts that node's age afresh, as it would for the newer value."""
+
 MAX_LOCAL_STEPS = 32
 """Bound on machine steps one node takes within a single move (fused reads, and ops that
 chain into each other: exit, join, keep-alive, query); exceeding it raises."""
@@ -152,6 +157,8 @@ class ModelConfig:
     """Process 1 gets process 0's identity (two live processes, one NodeId)."""
     cas_ignores_token: bool = False
     """Planted store bug: compare-and-set writes whatever token it is given."""
+    forget_stale: bool = True
+    """Apply :func:`forget_stale_sightings` where it is exact (off only to test it)."""
 
     @functools.cached_property
     def settings(self) -> Settings:
@@ -177,6 +184,24 @@ class ModelConfig:
 
     def skew_of(self, slot: int) -> int:
         return self.skew_ticks if slot == 0 else 0
+
+    @functools.cached_property
+    def forgets_stale_sightings(self) -> bool:
+        """Whether :func:`forget_stale_sightings` applies: the local liveness clock over
+        heartbeats in the state, where only a node itself (any incarnation, one clock)
+        writes its heartbeat value, so a value it has replaced never comes back. Not with
+        two processes sharing an identity, nor with a store that ignores the token (a
+        stale view written back restores old values), nor when a fold writes heartbeats
+        for others."""
+        v = self.variant
+        return (
+            self.forget_stale
+            and v.liveness_clock == spec.LOCAL
+            and v.heartbeats == spec.STATE_BEATS
+            and not v.folds
+            and not self.duplicate_identity
+            and not self.cas_ignores_token
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,6 +386,48 @@ def _time_matters(world: World) -> bool:
 
 
 # -- applying moves ----------------------------------------------------------------------------
+def forget_stale_sightings(
+    procs: tuple[Proc, ...], store: bytes | None, cfg: ModelConfig
+) -> tuple[Proc, ...]:
+    """Replace every heartbeat sighting that can no longer matter by the
+    :data:`STALE_SIGHTING` marker (an exact abstraction; see docs/model_checker.md).
+
+    A node's liveness clock entry (node, value, first seen) only matters at its next read,
+    where the age carries over if the store still holds that value and restarts
+    otherwise. An entry is dead once the stored value differs and can never equal it
+    again: a node writes only its own heartbeat, always with its current wall clock (a
+    constant in the model's frame, where stored times move down a tick at a time), so
+    only a value equal to that clock can be written again, and a tick only makes two
+    values equal by capping both at the floor. Worlds that differ only in dead entries
+    have the same futures; without the marker they would be told apart.
+    """
+    t = cfg.tick_ms
+    floor = min(0, cfg.skew_ticks) * t - cfg.settings.heartbeat_expiry - t
+    current: dict[NodeId, int] = {} if store is None else dict(decode_cached(store).last_heartbeats)
+    walls = {p.ident: p.skew * t for p in procs}
+
+    def dead(node: NodeId, value: int) -> bool:
+        return (
+            value != STALE_SIGHTING
+            and current.get(node) != value
+            and value != floor
+            and value != walls.get(node)
+        )
+
+    out = list(procs)
+    for slot, p in enumerate(procs):
+        seen = p.local.seen_beats
+        if not seen or p.pc in (Pc.CRASHED, Pc.ENDED):
+            continue
+        if not any(dead(n, v) for n, v, _ in seen):
+            continue
+        kept = tuple(
+            (n, STALE_SIGHTING, STALE_SIGHTING) if dead(n, v) else (n, v, at) for n, v, at in seen
+        )
+        out[slot] = replace(p, local=replace(p.local, seen_beats=kept))
+    return tuple(out)
+
+
 class _Run:
     """Mutable scratch for one move: the procs being rewritten and the observations."""
 
@@ -379,9 +446,12 @@ class _Run:
         self.violations: list[Violation] = []
 
     def world(self) -> World:
+        procs = tuple(self.procs)
+        if self.cfg.forgets_stale_sightings:
+            procs = forget_stale_sightings(procs, self.store, self.cfg)
         return World(
             self.store,
-            tuple(self.procs),
+            procs,
             tuple(self.used),
             self.closes,
             self.announced,
@@ -807,7 +877,9 @@ def _tick(run: _Run) -> None:
         # (so equality with the store is preserved) and the first-seen times like every
         # monotonic time, capped once past the threshold they are compared with.
         seen_beats = tuple(
-            (n, max(v - t, floor_beat), max(at - t, -settings.heartbeat_expiry - t))
+            (n, v, at)
+            if v == STALE_SIGHTING
+            else (n, max(v - t, floor_beat), max(at - t, -settings.heartbeat_expiry - t))
             for n, v, at in local.seen_beats
         )
         beat_at = local.beat_at
