@@ -180,7 +180,7 @@ class ModelConfig:
         # Heartbeat values only need to differ from the last one an observer saw; a small
         # modulus keeps the state space finite (a watcher reads at least once per tick
         # and a node beats at most once per tick, so values never wrap unseen).
-        return Config(self.settings, self.variant, beat_modulus=BEAT_MODULUS)
+        return Config(self.settings, self.variant, beat_modulus=BEAT_MODULUS, decode=decode_cached)
 
     def skew_of(self, slot: int) -> int:
         return self.skew_ticks if slot == 0 else 0

@@ -31,6 +31,7 @@ compares it, the handler keeps one per node.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from spec.codec import CorruptState, decode, decode_node, encode, encode_node
@@ -298,6 +299,10 @@ class Config:
     beat_modulus: int = 2**31
     """Heartbeat values (heartbeats under keys) count modulo this; an observer only
     compares them for change. The model checker uses a small modulus to stay finite."""
+    decode: Callable[[bytes], RendezvousState] = decode
+    """How read bytes become a state: :func:`spec.decode` or an equivalent that may
+    remember earlier answers (the model checker reads the same few states many times);
+    it must raise :class:`CorruptState` exactly when ``spec.decode`` does."""
 
 
 @dataclass(frozen=True)
@@ -448,7 +453,7 @@ def _absorb(
     local: Local, data: bytes | None, token: Token | None, now: Now, config: Config
 ) -> Step:
     try:
-        view = EMPTY_STATE if data is None else decode(data)
+        view = EMPTY_STATE if data is None else config.decode(data)
     except CorruptState as exc:
         return _fail(local, FailKind.CORRUPT_STATE, str(exc))
     variant, settings = config.variant, config.settings

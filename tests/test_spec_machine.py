@@ -341,6 +341,22 @@ def test_corrupt_bytes_fail_with_corrupt_state(data: bytes, via: str) -> None:
     assert s.local.phase is Phase.IDLE
 
 
+def test_read_bytes_go_through_the_configured_decoder() -> None:
+    decoded: list[bytes] = []
+
+    def remembering(data: bytes) -> RendezvousState:
+        decoded.append(data)
+        return decode(data)
+
+    config = Config(SETTINGS, decode=remembering)
+    data = encode(RendezvousState.build(participants={A: 0}, last_heartbeats={A: WALL}))
+    s = step(started(Op.JOIN, config=config).local, ReadResult(data, 1, at()), config)
+    assert decoded == [data]
+    assert A in s.local.view.participant_map()
+    s = step(started(Op.JOIN, config=config).local, ReadResult(b"[]", 1, at()), config)
+    assert isinstance(s.request, Fail) and s.request.kind is FailKind.CORRUPT_STATE
+
+
 @pytest.mark.parametrize("phase", ["reading", "writing", "waiting"])
 def test_io_failure_fails_with_connection_and_keeps_dirty(phase: str) -> None:
     s = started(Op.JOIN)
