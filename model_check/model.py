@@ -159,6 +159,8 @@ class ModelConfig:
     """Planted store bug: compare-and-set writes whatever token it is given."""
     forget_stale: bool = True
     """Apply :func:`forget_stale_sightings` where it is exact (off only to test it)."""
+    rotate_beats: bool = True
+    """Apply :func:`rotate_beat_values` where it is exact (off only to test it)."""
 
     @functools.cached_property
     def settings(self) -> Settings:
@@ -184,6 +186,19 @@ class ModelConfig:
 
     def skew_of(self, slot: int) -> int:
         return self.skew_ticks if slot == 0 else 0
+
+    @functools.cached_property
+    def rotates_beat_values(self) -> bool:
+        """Whether :func:`rotate_beat_values` applies: heartbeats under keys, where a
+        node's values are only ever compared for equality and each write adds one to its
+        own count. Not with a restart under the same identity (the new incarnation counts
+        from zero again, an absolute origin) nor with two processes sharing an identity."""
+        return (
+            self.rotate_beats
+            and self.variant.heartbeats == spec.KEY_BEATS
+            and self.faults.restart_same == 0
+            and not self.duplicate_identity
+        )
 
     @functools.cached_property
     def forgets_stale_sightings(self) -> bool:
@@ -428,6 +443,54 @@ def forget_stale_sightings(
     return tuple(out)
 
 
+def rotate_beat_values(world: World) -> World:
+    """Count every node's heartbeat-key values from its own count (an exact abstraction;
+    see docs/model_checker.md).
+
+    Under heartbeats in keys, a node's values appear in its key, in its watchers'
+    records and (as its write count) in its process; a write stores the count plus one,
+    and watchers only compare values for equality. Shifting all of one node's values by
+    the same amount (modulo :data:`BEAT_MODULUS`) therefore changes no future, so the
+    world is shifted until the count of the node's process is 0; for a node with no
+    process left (restarted under a new identity), until its key, or else the first
+    record of it, holds 0.
+    """
+    shift: dict[NodeId, int] = {}
+    for p in world.procs:
+        shift.setdefault(p.ident, p.local.beats)
+    for n, key in world.beats:
+        shift.setdefault(n, int(key))
+    for p in world.procs:
+        for n, seen, _ in p.local.watch:
+            if seen is not None:
+                shift.setdefault(n, int(seen))
+    shift = {n: k for n, k in shift.items() if k}
+    if not shift:
+        return world
+
+    def moved(node: NodeId, value: bytes | None) -> bytes | None:
+        k = shift.get(node)
+        if value is None or k is None:
+            return value
+        return str((int(value) - k) % BEAT_MODULUS).encode("ascii")
+
+    procs = []
+    for p in world.procs:
+        local = p.local
+        k = shift.get(p.ident)
+        watch = tuple((n, moved(n, v), at) for n, v, at in local.watch)
+        if k is None and watch == local.watch:
+            procs.append(p)
+            continue
+        beats = local.beats if k is None else (local.beats - k) % BEAT_MODULUS
+        procs.append(replace(p, local=replace(local, beats=beats, watch=watch)))
+    keys = tuple(
+        (n, v if n not in shift else str((int(v) - shift[n]) % BEAT_MODULUS).encode("ascii"))
+        for n, v in world.beats
+    )
+    return replace(world, procs=tuple(procs), beats=keys)
+
+
 class _Run:
     """Mutable scratch for one move: the procs being rewritten and the observations."""
 
@@ -449,7 +512,7 @@ class _Run:
         procs = tuple(self.procs)
         if self.cfg.forgets_stale_sightings:
             procs = forget_stale_sightings(procs, self.store, self.cfg)
-        return World(
+        world = World(
             self.store,
             procs,
             tuple(self.used),
@@ -457,6 +520,7 @@ class _Run:
             self.announced,
             self.beats,
         )
+        return rotate_beat_values(world) if self.cfg.rotates_beat_values else world
 
     def now(self, p: Proc) -> Now:
         return Now(0, p.skew * self.cfg.tick_ms)

@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,7 @@ from model_check.model import (
     enabled,
     forget_stale_sightings,
     node_id,
+    rotate_beat_values,
     unfinished_calls,
 )
 from model_check.model import initial_world as make_initial
@@ -414,40 +416,102 @@ def test_reduced_and_unreduced_search_agree(cfg: ModelConfig) -> None:
     assert canon.fallbacks == 0
 
 
-# -- forgotten heartbeat sightings (hardened) --------------------------------------------------
-STALE_CASES = [
-    _hardened(nodes=3, min_nodes=2, max_nodes=3, max_rounds=1, faults=Faults(crash=1)),
-    _hardened(nodes=2, min_nodes=1, max_nodes=2, closes=0, faults=Faults(crash=1, restart_same=1)),
-    _hardened(nodes=2, min_nodes=2, max_nodes=2, skew_ticks=2, faults=Faults(cas_unknown=1)),
-]
-
-
+# -- exact abstractions of the local liveness records ------------------------------------------
 def _forgotten(world: World, cfg: ModelConfig) -> World:
     return dataclasses.replace(world, procs=forget_stale_sightings(world.procs, world.store, cfg))
 
 
-@pytest.mark.parametrize("cfg", STALE_CASES)
-def test_forgetting_stale_sightings_commutes_with_every_move(cfg: ModelConfig) -> None:
+def _rotated(world: World, cfg: ModelConfig) -> World:
+    return rotate_beat_values(world)
+
+
+ABSTRACTION_CASES = [
+    # forget_stale_sightings (hardened's sightings of heartbeats in the state)
+    pytest.param(
+        _hardened(nodes=3, min_nodes=2, max_nodes=3, max_rounds=1, faults=Faults(crash=1)),
+        "forget_stale",
+        _forgotten,
+        id="forget-crash",
+    ),
+    pytest.param(
+        _hardened(
+            nodes=2, min_nodes=1, max_nodes=2, closes=0, faults=Faults(crash=1, restart_same=1)
+        ),
+        "forget_stale",
+        _forgotten,
+        id="forget-restart-same",
+    ),
+    pytest.param(
+        _hardened(nodes=2, min_nodes=2, max_nodes=2, skew_ticks=2, faults=Faults(cas_unknown=1)),
+        "forget_stale",
+        _forgotten,
+        id="forget-skew-cas-unknown",
+    ),
+    # rotate_beat_values (scale's heartbeat keys)
+    pytest.param(
+        _cfg(nodes=2, min_nodes=1, max_nodes=2, variant=spec.SCALE, faults=Faults(crash=1)),
+        "rotate_beats",
+        _rotated,
+        id="rotate-crash",
+    ),
+    pytest.param(
+        _cfg(
+            nodes=2,
+            min_nodes=1,
+            max_nodes=2,
+            variant=spec.SCALE,
+            max_rounds=1,
+            closes=0,
+            faults=Faults(crash=1, restart_new=1),
+        ),
+        "rotate_beats",
+        _rotated,
+        id="rotate-restart-new",
+    ),
+]
+
+
+@pytest.mark.parametrize(("cfg", "knob", "abstract"), ABSTRACTION_CASES)
+def test_abstraction_commutes_with_every_move(
+    cfg: ModelConfig, knob: str, abstract: Callable[[World, ModelConfig], World]
+) -> None:
     """The abstraction is exact: over every world the unabstracted model reaches,
     abstracting before a move or after it gives the same world, the same moves and the
     same violations (so both searches visit the same classes and decide the same)."""
-    assert cfg.forgets_stale_sightings
-    off = dataclasses.replace(cfg, forget_stale=False)
+    if knob == "forget_stale":
+        off = dataclasses.replace(cfg, forget_stale=False)
+    else:
+        off = dataclasses.replace(cfg, rotate_beats=False)
     worlds: list[World] = []
     explore(off, symmetry=False, visit=worlds.append, stop_on_violation=False)
-    forgotten = 0
+    changed = 0
     for world in worlds:
-        small = _forgotten(world, off)
-        forgotten += small != world
+        small = abstract(world, off)
+        changed += small != world
         moves = enabled(world, off)
         assert enabled(small, cfg) == moves
         for move in moves:
             full, reduced = apply(world, move, off), apply(small, move, cfg)
-            assert plain_fingerprint(_forgotten(full.world, off), cfg) == plain_fingerprint(
+            assert plain_fingerprint(abstract(full.world, off), cfg) == plain_fingerprint(
                 reduced.world, cfg
             ), (world, move)
             assert [v.name for v in full.violations] == [v.name for v in reduced.violations]
-    assert forgotten > 0  # the cases do reach worlds with sightings to forget
+    assert changed > 0  # the case does reach worlds the abstraction changes
+
+
+def test_rotating_beat_values_shrinks_the_search_and_is_off_where_inexact() -> None:
+    cfg = _cfg(nodes=2, min_nodes=1, max_nodes=2, variant=spec.SCALE, faults=Faults(crash=1))
+    assert cfg.rotates_beat_values
+    kept = explore(dataclasses.replace(cfg, rotate_beats=False), symmetry=False)
+    rotated = explore(cfg, symmetry=False)
+    assert rotated.unique < kept.unique
+    assert (rotated.violation, kept.violation) == (None, None)
+    for off in (
+        dataclasses.replace(cfg, faults=Faults(crash=1, restart_same=1)),
+        dataclasses.replace(cfg, duplicate_identity=True),
+        dataclasses.replace(cfg, variant=spec.HARDENED),
+    ):
+        assert not off.rotates_beat_values
 
 
 def test_forgetting_stale_sightings_shrinks_the_search_and_keeps_its_verdict() -> None:
