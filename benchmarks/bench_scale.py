@@ -1,8 +1,11 @@
 """The ``hardened`` and ``scale`` protocols from 8 to 1,024 nodes, on real Redis and etcd.
 
-For each N, store and protocol, N handlers (threads of one process, each with its own
-store connection) call ``next_rendezvous`` at one instant for a min = max = N round
-(``bench_handler._run_threads``). A row shows the time until the last node returned,
+For each N, store and protocol, N handlers call ``next_rendezvous`` at one instant for a
+min = max = N round. The nodes are P worker processes x about N/P threads (column
+``nodes``; by default at most ``THREADS_PER_PROC`` threads per process, ``--procs``
+overrides), each handler with its own store connection; every worker releases its threads
+at one start instant on the host's monotonic clock, and the time runs from that instant
+until the last node of any worker returned. A row shows that time,
 CAS attempts, lost CAS (conflicts) and announcements summed over the nodes, and the bytes
 the *server* moved during the round: Redis ``INFO stats`` (``total_net_input_bytes`` +
 ``total_net_output_bytes``), etcd ``/metrics`` (``etcd_network_client_grpc_received_bytes_total``
@@ -19,6 +22,8 @@ a failed or killed measurement prints ``failed: <reason>`` in its row.
     python3 benchmarks/bench_scale.py                      # N = 8..1024, redis and etcd
     python3 benchmarks/bench_scale.py --quick --stores memory --no-torch --no-plots
     python3 benchmarks/bench_scale.py --sizes 8,64 --stores redis --markdown
+    python3 benchmarks/bench_scale.py --sizes 128,1024 --stores redis,etcd --protocols scale \
+        --no-torch --no-plots --markdown --cap 60        # the issue's targets
 
 Plots (SVG, log-log) go to docs/benchmarks/ unless ``--no-plots``.
 """
@@ -27,9 +32,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import math
 import os
+import queue
 import re
 import signal
 import socket
@@ -40,7 +47,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -53,7 +60,7 @@ for extra in (ROOT, ROOT / "tests", ROOT / "benchmarks"):
         sys.path.insert(0, str(extra))
 
 import bench_handler  # noqa: E402
-from bench_handler import _run_threads, torch_available, torch_threads  # noqa: E402
+from bench_handler import torch_available, torch_threads  # noqa: E402
 from bench_stores import store_urls  # noqa: E402
 
 SIZES = (8, 64, 128, 512, 1024)
@@ -192,38 +199,27 @@ def _params(url: str, run_id: str, n: int, protocol: str, cap: float, interval: 
     )
 
 
-def _handlers(job: dict[str, Any], interval: str) -> list[Any]:
+def _handlers(job: dict[str, Any], interval: str, count: int) -> list[Any]:
     from rdzv import create_handler
 
-    run_id = f"scale-{job['protocol']}-{job['n']}-{uuid.uuid4().hex[:8]}"
     n = int(job["n"])
     return [
-        create_handler(_params(job["url"], run_id, n, job["protocol"], job["cap"], interval))
-        for _ in range(n)
+        create_handler(_params(job["url"], job["run_id"], n, job["protocol"], job["cap"], interval))
+        for _ in range(count)
     ]
 
 
 class _Returned:
-    """How many nodes of the running measurement returned from next_rendezvous (for the
-    watchdog's report)."""
+    """How many nodes of the running measurement returned from next_rendezvous, over all
+    worker processes (for the watchdog's report)."""
 
     lock = threading.Lock()
     count = 0
 
     @classmethod
-    def counted(cls, call: Callable[[], Any]) -> Callable[[], Any]:
-        def run() -> Any:
-            try:
-                return call()
-            finally:
-                with cls.lock:
-                    cls.count += 1
-
-        return run
-
-
-def _rendezvous(handlers: list[Any]) -> float:
-    return _run_threads([_Returned.counted(h.next_rendezvous) for h in handlers])
+    def add(cls, k: int = 1) -> None:
+        with cls.lock:
+            cls.count += k
 
 
 COUNTERS = ("cas_attempts", "cas_conflicts", "reads", "announces", "announced_reads", "beats")
@@ -236,27 +232,253 @@ def _sums(handlers: list[Any]) -> dict[str, int]:
     return {name: sum(getattr(s, name, 0) for s in stats) for name in COUNTERS}
 
 
+# -- worker processes: the nodes --------------------------------------------------------------
+# A measurement's N nodes are ``procs`` worker processes, each running its share of the N
+# handlers as threads (each handler with its own store connection). Workers talk to the
+# measurement process in lines: the worker says READY once its handlers exist and its
+# threads wait; it is sent START <monotonic instant> (Linux's monotonic clock is one clock
+# for every process of the host), releases its threads at that instant, writes R each time
+# a node returned and DONE <json> once all did; STATS asks for its counter sums; EOF on its
+# input ends it.
+START_DELAY_S = 0.3
+"""Seconds between sending START and the start instant (every worker gets it in time)."""
+WORKER_READY_S = 120.0
+"""Bound on a worker's start-up (imports, creating its handlers and their connections)."""
+
+
+def split_nodes(n: int, procs: int) -> list[int]:
+    """How many of ``n`` nodes each of ``procs`` processes runs (sizes differ by at most
+    one; no process gets none)."""
+    procs = max(1, min(procs, n))
+    return [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
+
+
+THREADS_PER_PROC = 32
+"""Default most nodes (threads) per worker process. Hundreds of threads in one
+interpreter spend more time handing its lock around than working (measured at N = 1,024
+on Redis, two cores: 2 processes x 512 threads did not finish within 30 s, 8 x 128 took
+14 s, 32 x 32 took 7 s), which is a cost of the simulation, not of a node."""
+
+
+def default_procs(store: str, n: int) -> int:
+    """Worker processes for a measurement: memory:// lives in one process; otherwise
+    enough processes that none runs more than :data:`THREADS_PER_PROC` nodes."""
+    if store == "memory":
+        return 1
+    return max(1, -(-n // THREADS_PER_PROC))
+
+
+def _say(line: str) -> None:
+    with _printed_line:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+_printed_line = threading.Lock()
+
+
+def worker(job_json: str) -> NoReturn:
+    """One worker process: its share of the nodes, as threads; never returns."""
+    job = json.loads(job_json)
+    count = int(job["count"])
+    bound = float(job["cap"]) + WATCHDOG_SLACK_S + float(job.get("intervals", 0)) + 60.0
+    handlers = _handlers(job, job["interval"], count)
+    if not job.get("gc", False):
+        # One process holds the decoded states of all its nodes, so each pass of the
+        # cyclic collector walks N/P nodes' objects where a one-node process walks one
+        # node's (measured at N = 1,024 on Redis, 32 x 32: 19-25 s with the collector,
+        # 7 s without). The objects made so far are set aside, and the collector is off
+        # for this short-lived process; reference counting still frees everything else.
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+    go = threading.Event()
+    ends: list[float] = []
+    errors: list[str] = []
+
+    def node(handler: Any) -> None:
+        if not go.wait(bound):
+            return
+        try:
+            handler.next_rendezvous()
+            ends.append(time.monotonic())
+        except BaseException as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            _say("R")
+
+    threads = [threading.Thread(target=node, args=(h,), daemon=True) for h in handlers]
+    for t in threads:
+        t.start()
+    _say("READY")
+    for line in sys.stdin:  # bounded: the measurement process sends a few commands
+        command, _, arg = line.strip().partition(" ")
+        if command == "START":
+            start_at = float(arg)
+            delay = start_at - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            go.set()
+            until = time.monotonic() + bound
+            for t in threads:
+                t.join(max(0.0, until - time.monotonic()))
+            done = {
+                "end": max(ends) if ends else None,
+                "returned": len(ends),
+                "errors": errors[:1],
+                **_sums(handlers),
+            }
+            _say("DONE " + json.dumps(done, sort_keys=True))
+        elif command == "STATS":
+            _say("STATS " + json.dumps(_sums(handlers), sort_keys=True))
+        else:
+            break
+    os._exit(0)
+
+
+_LIVE: list[_Worker] = []
+"""Worker processes started by this measurement process (killed by :func:`_finish`)."""
+
+
+class _Worker:
+    """The measurement process's end of one worker process."""
+
+    def __init__(self, job: dict[str, Any], count: int) -> None:
+        spec = {**job, "count": count}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        _LIVE.append(self)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:  # ends with the worker
+            if line.strip() == "R":
+                _Returned.add()
+            else:
+                self.lines.put(line.strip())
+        self.lines.put(None)
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+
+    def expect(self, word: str, timeout: float) -> str:
+        """The argument of the worker's next line, which must start with ``word``."""
+        try:
+            line = self.lines.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            raise RuntimeError(f"a worker process sent no {word} within {timeout:g} s") from None
+        if line is None:
+            raise RuntimeError(f"a worker process exited (code {self.proc.wait()}) before {word}")
+        head, _, arg = line.partition(" ")
+        if head != word:
+            raise RuntimeError(f"a worker process said {line[:200]!r}, expected {word}")
+        return arg
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(PROBE_TIMEOUT_S)
+
+
+class Nodes:
+    """N nodes as ``procs`` worker processes x about N/procs threads, started together."""
+
+    def __init__(self, job: dict[str, Any], interval: str) -> None:
+        self.n = int(job["n"])
+        self.counts = split_nodes(self.n, int(job.get("procs", 1)))
+        run_id = f"scale-{job['protocol']}-{self.n}-{uuid.uuid4().hex[:8]}"
+        spec = {**job, "run_id": run_id, "interval": interval}
+        self.workers: list[_Worker] = []
+        try:
+            self.workers = [_Worker(spec, c) for c in self.counts]
+            until = time.monotonic() + WORKER_READY_S + CHILD_SLACK_PER_NODE_S * self.n
+            for w in self.workers:
+                w.expect("READY", until - time.monotonic())
+        except BaseException:
+            self.stop()
+            raise
+
+    def rendezvous(self, cap: float) -> tuple[float, dict[str, int]]:
+        """Release every node at one instant; the seconds until the last returned (over
+        all processes) and the counters summed over the nodes."""
+        start_at = time.monotonic() + START_DELAY_S
+        for w in self.workers:
+            w.send(f"START {start_at!r}")
+        bound = START_DELAY_S + cap + WATCHDOG_SLACK_S + 60.0
+        until = time.monotonic() + bound
+        results = [json.loads(w.expect("DONE", until - time.monotonic())) for w in self.workers]
+        returned = sum(r["returned"] for r in results)
+        if returned < self.n:
+            first = next((r["errors"][0] for r in results if r["errors"]), "a node hung")
+            raise RuntimeError(
+                f"a rendezvous failed: {returned} of {self.n} nodes returned; first error: {first}"
+            )
+        seconds = max(r["end"] for r in results) - start_at
+        return seconds, {name: sum(r[name] for r in results) for name in COUNTERS}
+
+    def sums(self) -> dict[str, int]:
+        for w in self.workers:
+            w.send("STATS")
+        results = [json.loads(w.expect("STATS", PROBE_TIMEOUT_S)) for w in self.workers]
+        return {name: sum(r[name] for r in results) for name in COUNTERS}
+
+    @property
+    def shape(self) -> str:
+        """What stands in for the nodes, e.g. ``2x512`` (processes x threads each)."""
+        low, high = min(self.counts), max(self.counts)
+        return f"{len(self.counts)}x{high}" if low == high else f"{len(self.counts)}x{low}-{high}"
+
+    def stop(self) -> None:
+        for w in self.workers:
+            w.stop()
+
+
 def measure_round(job: dict[str, Any]) -> dict[str, Any]:
     """Time, CAS and server bytes of one min = max = N round (keep-alive 5 s)."""
     meter = ByteMeter(job["server"], job["port"])
-    handlers = _handlers(job, ROUND_KEEP_ALIVE)
-    before = meter.read()
-    seconds = _rendezvous(handlers)
-    after = meter.read()
-    return {"seconds": seconds, "bytes": meter.delta(before, after), **_sums(handlers)}
+    nodes = Nodes(job, ROUND_KEEP_ALIVE)
+    try:
+        before = meter.read()
+        seconds, sums = nodes.rendezvous(float(job["cap"]))
+        after = meter.read()
+        moved = meter.delta(before, after)
+        return {"seconds": seconds, "bytes": moved, "nodes": nodes.shape, **sums}
+    finally:
+        nodes.stop()
 
 
 def measure_steady(job: dict[str, Any]) -> dict[str, Any]:
     """Per keep-alive interval after a completed round: server bytes, CAS, lost CAS."""
     interval = STEADY_KEEP_ALIVE_S
     meter = ByteMeter(job["server"], job["port"])
-    handlers = _handlers(job, f"{interval:g}")
-    _rendezvous(handlers)
-    time.sleep(SETTLE_INTERVALS * interval)
-    stats0, bytes0 = _sums(handlers), meter.read()
-    window = job["intervals"] * interval
-    time.sleep(window)
-    stats1, bytes1 = _sums(handlers), meter.read()
+    nodes = Nodes(job, f"{interval:g}")
+    try:
+        nodes.rendezvous(float(job["cap"]))
+        time.sleep(SETTLE_INTERVALS * interval)
+        stats0, bytes0 = nodes.sums(), meter.read()
+        window = job["intervals"] * interval
+        time.sleep(window)
+        stats1, bytes1 = nodes.sums(), meter.read()
+    finally:
+        nodes.stop()
     moved = meter.delta(bytes0, bytes1)
     per = float(job["intervals"])
     return {
@@ -281,6 +503,8 @@ def _finish(result: dict[str, Any]) -> NoReturn:
     """Print the result line once and end the process (lingering handler threads,
     keep-alives included, end with it)."""
     if _printed.acquire(blocking=False):
+        for w in list(_LIVE):  # a worker still running nodes would outlive us
+            w.kill()
         sys.stdout.write(RESULT_PREFIX + json.dumps(result, sort_keys=True) + "\n")
         sys.stdout.flush()
     os._exit(0)
@@ -386,6 +610,7 @@ COLUMNS = (
     ("steady beats/int", 16),
     ("torch s", 7),
     ("torch/rdzv", 10),
+    ("nodes", 7),
 )
 
 
@@ -425,6 +650,7 @@ def row_cells(row: Row) -> list[str] | str:
         *steady,
         torch_s,
         ratio,
+        str(r.get("nodes", "-")),
     ]
 
 
@@ -700,8 +926,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--from-results", help="measure nothing: print and plot a file written by --save"
     )
+    parser.add_argument(
+        "--procs",
+        type=int,
+        help=f"worker processes the N nodes run in (default: N/{THREADS_PER_PROC} rounded up, "
+        "memory:// 1)",
+    )
+    parser.add_argument(
+        "--gc",
+        action="store_true",
+        help="leave Python's cyclic garbage collector on in the worker processes",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.worker is not None:
+        worker(args.worker)
     if args.child is not None:
         child(args.child)
     if args.from_results is not None:
@@ -722,6 +962,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("every size must be >= 1")
     if args.cap <= 0:
         parser.error(f"--cap must be a positive number of seconds, got {args.cap}")
+    if args.procs is not None and args.procs < 1:
+        parser.error(f"--procs must be >= 1, got {args.procs}")
     if args.steady_intervals < 1:
         parser.error(f"--steady-intervals must be >= 1, got {args.steady_intervals}")
     # SIGTERM (and SIGINT, even when the launching shell ignored it) unwind through the
@@ -729,6 +971,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     stores = _list(parser, args.stores, ALL_STORES, "store")
+    if "memory" in stores and args.procs is not None and args.procs > 1:
+        parser.error(
+            "memory:// keeps its data inside one process, so its nodes cannot span "
+            f"--procs {args.procs} processes; use --procs 1, or sqlite to test processes"
+        )
     protocols = _list(parser, args.protocols, PROTOCOLS, "protocol")
     with_torch = not args.no_torch and torch_available()
     window = f"{args.steady_intervals}x{STEADY_KEEP_ALIVE_S:g}s"
@@ -736,7 +983,14 @@ def main(argv: list[str] | None = None) -> int:
         f"bench_scale: sizes={','.join(map(str, sizes))} stores={','.join(stores)} "
         f"protocols={','.join(protocols)} cap={args.cap:g}s "
         f"steady={'off' if args.no_steady else window} "
-        f"torch={'yes' if with_torch else 'no'}",
+        f"torch={'yes' if with_torch else 'no'} "
+        f"procs={'auto' if args.procs is None else args.procs} gc={'on' if args.gc else 'off'}",
+        flush=True,
+    )
+    print(
+        "nodes: P worker processes x about N/P threads each (column nodes = PxT), one "
+        "handler and store connection per node, all released at one instant; the "
+        "collector of the worker processes is " + ("on" if args.gc else "off (--gc turns it on)"),
         flush=True,
     )
     print(text_header())
@@ -759,6 +1013,8 @@ def main(argv: list[str] | None = None) -> int:
                         "n": n,
                         "cap": args.cap,
                         "intervals": args.steady_intervals,
+                        "procs": default_procs(store, n) if args.procs is None else args.procs,
+                        "gc": args.gc,
                     }
                     outcome = run_child(job, args.cap)
                     steady = None

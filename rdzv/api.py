@@ -238,14 +238,18 @@ class RendezvousStoreInfo:
         Pass the round's (prefixed) store so that every round publishes afresh. Non-zero
         ranks wait for rank 0 at most ``timeout`` (the store's own timeout if None).
         """
+        keys = [RendezvousStoreInfo.TCP_STORE_ADDR_KEY, RendezvousStoreInfo.TCP_STORE_PORT_KEY]
         if rank == 0:
             addr = local_addr or socket.gethostname()
             port = server_port or free_port()
-            store.set(RendezvousStoreInfo.TCP_STORE_ADDR_KEY, addr.encode("utf-8"))
-            store.set(RendezvousStoreInfo.TCP_STORE_PORT_KEY, str(port).encode("ascii"))
-        keys = [RendezvousStoreInfo.TCP_STORE_ADDR_KEY, RendezvousStoreInfo.TCP_STORE_PORT_KEY]
-        store.wait(keys, timeout)
-        addr_raw, port_raw = store.multi_get(keys)
+            # One write for both keys: the waiting ranks see them appear together.
+            store.multi_set(keys, [addr.encode("utf-8"), str(port).encode("ascii")])
+        wait_get = getattr(store, "wait_get", None)
+        if callable(wait_get):  # rdzv stores: the wait's own read returns the values
+            addr_raw, port_raw = wait_get(keys, timeout)
+        else:
+            store.wait(keys, timeout)
+            addr_raw, port_raw = store.multi_get(keys)
         try:
             return RendezvousStoreInfo(addr_raw.decode("utf-8"), int(port_raw.decode("ascii")))
         except (UnicodeDecodeError, ValueError):

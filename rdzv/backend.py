@@ -135,6 +135,9 @@ class StoreRendezvousBackend(RendezvousBackend):
         self._last: bytes | None = None
         """The bytes this backend last read or wrote: a store with ``unchanged`` (Redis,
         etcd) confirms them with a few bytes instead of sending the state again."""
+        self._moved_from: bytes | None = None
+        """The bytes a :meth:`wait_for_change` just saw replaced: the next read does not
+        ask whether they are still there (one round trip saved per wake-up)."""
 
     @property
     def name(self) -> str:
@@ -150,15 +153,37 @@ class StoreRendezvousBackend(RendezvousBackend):
         return self._key
 
     def get_state(self) -> tuple[bytes, Token] | None:
-        # ``get`` of a missing key blocks for the store's timeout, so look first. The
-        # protocol never deletes the key, so a key seen present is still there.
+        """One read of the state, as cheap as the store allows:
+
+        - a store with ``unchanged`` (Redis, etcd) is first asked to confirm, in a few
+          bytes, the newest value this node already holds: the value a change
+          notification delivered (``seen``, Redis and etcd send it with the
+          notification), else the bytes last read or written (unless a wait just saw
+          those replaced);
+        - otherwise one ``try_get`` (rdzv stores), or ``check`` then ``get`` (``get`` of
+          a missing key would block for the store's timeout).
+        """
+        moved, self._moved_from = self._moved_from, None
         last = self._last
         unchanged = getattr(self._store, "unchanged", None)
-        if last is not None and callable(unchanged) and unchanged(self._key, last):
-            return last, last
-        if not self._store.check([self._key]):
-            return None
-        data = as_bytes(self._store.get(self._key))
+        if callable(unchanged):
+            seen = getattr(self._store, "seen", None)
+            candidate = seen(self._key) if callable(seen) else None
+            if candidate is None or candidate == moved:
+                candidate = None if last == moved else last
+            if candidate is not None and unchanged(self._key, candidate):
+                self._last = candidate
+                return candidate, candidate
+        try_get = getattr(self._store, "try_get", None)
+        if callable(try_get):
+            value = try_get(self._key)
+            if value is None:
+                return None
+            data = as_bytes(value)
+        else:
+            if not self._store.check([self._key]):
+                return None
+            data = as_bytes(self._store.get(self._key))
         self._last = data
         return data, data
 
@@ -219,4 +244,9 @@ class StoreRendezvousBackend(RendezvousBackend):
 
     def wait_for_change(self, token: Token | None, timeout: float) -> bool:
         current = token if isinstance(token, bytes) else None
-        return self._store.wait_for_change(self._key, current, timedelta(seconds=max(0.0, timeout)))
+        changed = self._store.wait_for_change(
+            self._key, current, timedelta(seconds=max(0.0, timeout))
+        )
+        if changed and current is not None:
+            self._moved_from = current
+        return changed

@@ -59,6 +59,7 @@ from rdzv.errors import (
     StoreTimeoutError,
 )
 from rdzv.store import PrefixStore, Store
+from spec.codec import decode
 from spec.machine import (
     Announce,
     Announced,
@@ -86,13 +87,14 @@ from spec.machine import (
     step,
 )
 from spec.settings import Settings
-from spec.state import Millis, NodeId
+from spec.state import Millis, NodeId, RendezvousState
 from spec.variants import Variant, get_variant
 from spec.vocabulary import FailKind, Op
 
 __all__ = [
     "DynamicRendezvousHandler",
     "IoStats",
+    "LastDecoded",
     "NodeDriver",
     "create_handler",
     "new_node_id",
@@ -436,6 +438,28 @@ class NodeDriver:
         return True
 
 
+class LastDecoded:
+    """One node's state decoder that remembers its latest answer: the same bytes read
+    again (an unchanged state confirmed by the store, a keep-alive re-read) give the same
+    state without decoding them again. Per node (each handler has its own), so no node
+    ever sees another's work. Bytes that fail to decode are not remembered, so they raise
+    :class:`~spec.codec.CorruptState` every time, exactly as :func:`spec.codec.decode`."""
+
+    def __init__(self) -> None:
+        self._data: bytes | None = None
+        self._state: RendezvousState | None = None
+        self.decoded = 0
+        """How many times bytes were really decoded (for tests and benchmarks)."""
+
+    def __call__(self, data: bytes) -> RendezvousState:
+        if self._state is not None and data == self._data:
+            return self._state
+        self.decoded += 1
+        state = decode(data)
+        self._data, self._state = bytes(data), state
+        return state
+
+
 def _failure_error(
     fail: Fail, cause: BaseException | None, node: NodeId, run_id: str, key: str
 ) -> RendezvousError:
@@ -631,7 +655,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._backend = backend
         self._variant = variant
         self._clock = clock
-        self._config = Config(settings=self._spec_settings, variant=variant)
+        self._config = Config(settings=self._spec_settings, variant=variant, decode=LastDecoded())
         self._driver = NodeDriver(node, self._config, backend, clock, rng, settings.run_id)
         self._lock = threading.Lock()
         self._heartbeats = _HeartbeatSlot()

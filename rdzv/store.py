@@ -207,3 +207,13 @@ class PrefixStore:
 
     def try_get(self, key: str) -> bytes | None:
         return self._sets("try_get").try_get(self._key(key))
+
+    def wait_get(self, keys: Sequence[str], timeout: timedelta | None = None) -> list[bytes]:
+        """``wait`` then ``multi_get``; in one step where the store under it has
+        ``wait_get`` (the network stores: the wait's own read returns the values)."""
+        prefixed = [self._key(k) for k in keys]
+        wait_get = getattr(self.underlying_store, "wait_get", None)
+        if callable(wait_get):
+            return list(wait_get(prefixed, timeout))
+        self.underlying_store.wait(prefixed, timeout)
+        return self.underlying_store.multi_get(prefixed)

@@ -1,6 +1,7 @@
 """Smoke test of ``benchmarks/bench_scale.py``: a real quick run on memory:// (every
 measurement in its own subprocess, as in a full run) prints one parseable row per N and
 protocol, and the scale protocol's round costs fewer CAS attempts than hardened's. The
+multi-process driver (nodes as worker processes x threads) runs one round on SQLite. The
 SVG plot writer and the failure rows are checked directly. No timing is asserted.
 """
 
@@ -81,6 +82,7 @@ def test_quick_run_prints_parseable_rows_and_scale_saves_cas() -> None:
         assert steady_cas + beats >= n / 2, "the keep-alive threads did not beat in the window"
         assert 0 <= steady_lost <= steady_cas
         assert parts[13] == parts[14] == "-"  # --no-torch
+        assert parts[15] == f"1x{n}"  # memory://: one process of N threads
         if protocol == "scale":
             assert announces == n  # every node announced itself once
         else:
@@ -159,3 +161,53 @@ def test_a_measurement_that_overruns_its_cap_reports_how_far_it_got() -> None:
     assert result["ok"] is False
     assert result["error"].startswith("not finished 1.5 s after the start: ")
     assert result["error"].endswith(" of 8 nodes returned")
+
+
+def test_split_nodes_and_default_procs() -> None:
+    assert bench_scale.split_nodes(10, 3) == [4, 3, 3]
+    assert bench_scale.split_nodes(2, 8) == [1, 1]  # no process without a node
+    assert sum(bench_scale.split_nodes(1024, 32)) == 1024
+    assert bench_scale.default_procs("memory", 1024) == 1  # memory:// lives in one process
+    per = bench_scale.THREADS_PER_PROC
+    assert bench_scale.default_procs("redis", per) == 1
+    assert bench_scale.default_procs("redis", per + 1) == 2
+    assert bench_scale.default_procs("etcd", 1024) == -(-1024 // per)
+
+
+def test_nodes_spread_over_processes_rendezvous_together(tmp_path: Path) -> None:
+    # Three worker processes (3 + 3 + 2 threads) on one SQLite file form one round of 8.
+    url = f"sqlite://{tmp_path / 'rdzv.db'}"
+    job: dict[str, object] = {"kind": "steady", "url": url, "server": None, "port": 0}
+    job |= {"protocol": "scale", "n": 8, "cap": 60.0, "intervals": 1, "procs": 3}
+    nodes = bench_scale.Nodes(job, "5")
+    try:
+        assert nodes.shape == "3x2-3"
+        assert len({w.proc.pid for w in nodes.workers}) == 3
+        seconds, sums = nodes.rendezvous(60.0)
+        assert seconds > 0
+        assert sums["announces"] == 8  # every node of every process announced once
+        assert sums["cas_attempts"] >= 1
+        again = nodes.sums()
+        assert again["announces"] == 8
+    finally:
+        nodes.stop()
+    assert all(w.proc.returncode == 0 for w in nodes.workers)
+
+
+def test_memory_cannot_span_processes() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_scale.py"),
+            "--stores",
+            "memory",
+            "--procs",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=RUN_WITHIN_S,
+        cwd=ROOT,
+    )
+    assert done.returncode == 2
+    assert "memory:// keeps its data inside one process" in done.stderr

@@ -150,3 +150,45 @@ def test_a_store_without_announcement_sets_is_refused_clearly() -> None:
             handler.next_rendezvous()
     finally:
         handler.shutdown()
+
+
+def test_the_decoder_remembers_one_state_per_node() -> None:
+    from rdzv.handler import LastDecoded
+    from spec.codec import CorruptState, encode
+    from spec.state import NodeId, RendezvousState
+
+    one = encode(RendezvousState.build(round=1, participants={NodeId("a", 1, 1): 0}))
+    two = encode(RendezvousState.build(round=2))
+    memo = LastDecoded()
+    first = memo(one)
+    assert first == decode(one)
+    assert memo(bytes(one)) is first  # equal bytes (a fresh copy): no second decode
+    assert memo.decoded == 1
+    assert memo(two) == decode(two) and memo.decoded == 2
+    assert memo(one) == first and memo.decoded == 3  # only the latest state is kept
+    for _ in range(2):  # corrupt bytes are never remembered: they raise every time
+        with pytest.raises(CorruptState):
+            memo(b"{not json")
+    assert memo.decoded == 5
+
+
+def test_keep_alives_of_an_unchanged_state_decode_nothing() -> None:
+    # After a round, each keep-alive re-reads the state (the cache is 0 s here); the bytes
+    # are the same, so the node's decoder does not decode them again.
+    url = f"memory://{uuid.uuid4().hex}"
+    run = "decode-" + uuid.uuid4().hex[:8]
+    params = RendezvousParameters(
+        "rdzv", url, run, 1, 1, protocol="scale", join_timeout="60", cache_duration="0"
+    )
+    handler = create_handler(params)
+    try:
+        handler.next_rendezvous()
+        memo = handler.driver.config.decode
+        decoded, reads = memo.decoded, handler.io_stats().reads  # type: ignore[attr-defined]
+        stopping = threading.Event()
+        for _ in range(3):
+            handler._keep_alive(stopping)
+        assert handler.io_stats().reads >= reads + 3  # it did read the state each time
+        assert memo.decoded == decoded  # type: ignore[attr-defined]
+    finally:
+        handler.shutdown()

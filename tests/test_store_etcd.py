@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import re
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -260,3 +261,12 @@ def test_wiped_server_is_reported_by_member_sets(start_etcd: Callable[..., EtcdS
     with pytest.raises(RendezvousConnectionError, match="data directory was wiped"):
         other.add_member("s", b"b")
     other.close()
+
+
+def test_a_woken_reader_reads_each_change_once(etcd_server: EtcdServer) -> None:
+    from test_stores import check_one_read_per_change
+
+    url = cases.fresh_url(etcd_server.url)  # one namespace for the reader and the writer
+    check_one_read_per_change(
+        lambda: EtcdStore(url, timeout=timedelta(seconds=5)), f"once-{uuid.uuid4().hex}"
+    )

@@ -260,3 +260,12 @@ def test_lost_reply_of_add_member_adds_once(
     assert store.members("s") == [b"first", b"lost-reply-member"]
     assert store.add_member("s", b"third") == 3
     store.close()
+
+
+def test_a_woken_reader_reads_each_change_once(redis_server: RedisServer) -> None:
+    from test_stores import check_one_read_per_change
+
+    url = cases.fresh_url(redis_server.url)  # one namespace for the reader and the writer
+    check_one_read_per_change(
+        lambda: RedisStore(url, timeout=timedelta(seconds=5)), f"once-{uuid.uuid4().hex}"
+    )

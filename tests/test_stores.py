@@ -702,3 +702,85 @@ def test_store_modules_import_no_deserializer(path: Path) -> None:
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module.split(".")[0])
     assert not (found & forbidden), f"{path.name} imports {sorted(found & forbidden)}"
+
+
+# -- reads after a wake-up (used by test_store_redis and test_store_etcd) ----------------------
+IO_METHODS = ("get", "multi_get", "check", "try_get", "unchanged")
+"""Store calls that go to the server to learn a key's value."""
+
+
+class CountingStore:
+    """Forwards to ``store`` and records the names of its value-reading calls."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.store, name)
+        if name not in IO_METHODS:
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+def check_one_read_per_change(open_store_: Callable[[], Any], run_id: str) -> None:
+    """A node that waited for a state change reads the new state with one small
+    confirmation (the wait brought the value along), never with a second transfer of the
+    value; an unchanged state costs one confirmation; a state that moved on again after
+    the wake-up is read in full. Also: ``wait_get`` of the bootstrap keys."""
+    from rdzv.backend import StoreRendezvousBackend
+
+    counting = CountingStore(open_store_())
+    reader = StoreRendezvousBackend(counting, run_id)
+    writer_store = open_store_()
+    writer = StoreRendezvousBackend(writer_store, run_id)
+    assert reader.get_state() is None
+    assert writer.set_state(b"v1", None) == (b"v1", b"v1", True)
+    assert reader.wait_for_change(None, 5.0)
+    counting.calls.clear()
+    assert reader.get_state() == (b"v1", b"v1")
+    assert counting.calls == ["unchanged"]
+    for old, new in ((b"v1", b"v2" * 500), (b"v2" * 500, b"v3")):
+        assert writer.set_state(new, old) == (new, new, True)
+        assert reader.wait_for_change(old, 5.0)
+        counting.calls.clear()
+        assert reader.get_state() == (new, new)
+        assert counting.calls == ["unchanged"], f"after the change to {new[:8]!r}"
+    # Unchanged: one confirmation of the bytes already held.
+    counting.calls.clear()
+    assert reader.get_state() == (b"v3", b"v3")
+    assert counting.calls == ["unchanged"]
+    # The state moved on after the wake-up: the value the wait saw is stale, so the
+    # confirmation fails and the state is read.
+    assert writer.set_state(b"v4", b"v3") == (b"v4", b"v4", True)
+    assert reader.wait_for_change(b"v3", 5.0)
+    assert writer.set_state(b"v5", b"v4") == (b"v5", b"v5", True)
+    counting.calls.clear()
+    assert reader.get_state() == (b"v5", b"v5")
+    assert counting.calls == ["unchanged", "try_get"]
+    # wait_get: the wait's own read returns the values; a missing key times out.
+    prefixed = PrefixStore(f"{run_id}/round", writer_store)
+    prefixed.multi_set(["a", "b"], [b"1", b"2"])
+    assert PrefixStore(f"{run_id}/round", counting.store).wait_get(["a", "b"], SHORT) == [
+        b"1",
+        b"2",
+    ]
+    with pytest.raises(StoreTimeoutError, match="'absent'"):
+        counting.store.wait_get(["absent"], timedelta(0))
+    for store in (counting.store, writer_store):
+        store.close()
+
+
+def test_prefix_store_wait_get_falls_back_to_wait_and_multi_get() -> None:
+    store = MemoryStore()
+    assert not hasattr(store, "wait_get")
+    prefixed = PrefixStore("p", store)
+    store.multi_set(["p/a", "p/b"], [b"1", b"2"])
+    assert prefixed.wait_get(["a", "b"], SHORT) == [b"1", b"2"]
+    with pytest.raises(StoreTimeoutError):
+        prefixed.wait_get(["a", "missing"], SHORT)

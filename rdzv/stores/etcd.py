@@ -167,6 +167,9 @@ class EtcdStore(RemoteStore):
         self._auth_lock = threading.Lock()
         self._cluster_id: str | None = None
         self._seen: dict[bytes, tuple[bytes, int]] = {}
+        self._absent: dict[bytes, int] = {}
+        """Keys this store last saw absent, with a revision at which they were: a wait
+        for such a key to appear watches from there without reading it first."""
         scheme = "https" if tls is not None else "http"
         self._http = httpx.Client(
             base_url=f"{scheme}://{parsed.host}:{parsed.port}",
@@ -328,12 +331,12 @@ class EtcdStore(RemoteStore):
         seen = None if epoch is None else _unb64(epoch.get("value"))
         if self._epoch is not None and seen != self._epoch:
             raise self._data_lost(seen)
+        revision = int(data.get("header", {}).get("revision", 0))
         for key, kv in zip(keys, found, strict=True):
             if kv is None:
-                self._remember(key, None, 0)
+                self._remember(key, None, revision)
             else:
                 self._remember(key, _unb64(kv.get("value")), int(kv.get("mod_revision", 0)))
-        revision = int(data.get("header", {}).get("revision", 0))
         return found, revision
 
     def _read(self, keys: Sequence[bytes], doing: str) -> tuple[list[bytes | None], int]:
@@ -402,7 +405,12 @@ class EtcdStore(RemoteStore):
         the mod_revision, so a stale entry costs a failed attempt, never a wrong write)."""
         if value is None:
             self._seen.pop(key, None)
+            if mod_revision > 0:
+                if len(self._absent) >= SEEN_ENTRIES:
+                    self._absent.clear()
+                self._absent[key] = mod_revision
             return
+        self._absent.pop(key, None)
         if len(self._seen) >= SEEN_ENTRIES:
             self._seen.clear()
         self._seen[key] = (value, mod_revision)
@@ -644,6 +652,14 @@ class EtcdStore(RemoteStore):
             if not self._watch(missing[0], revision, deadline, doing):
                 return None
 
+    def seen(self, key: str) -> bytes | None:
+        """The latest value of ``key`` this store saw (read, written, or delivered by a
+        watch while waiting); it may have changed since: confirm it with
+        :meth:`unchanged`. None if none. An rdzv extension that saves the re-read after
+        a wake-up."""
+        cached = self._seen.get(self._k(check_key(key)))
+        return None if cached is None else cached[0]
+
     def unchanged(self, key: str, current: bytes) -> bool:
         """True if ``key`` still holds ``current``: when this client last saw ``current``
         at some revision, one keys-only read compares the revision (the value does not
@@ -673,10 +689,16 @@ class EtcdStore(RemoteStore):
         # The value after the last event a watch delivered: an event that shows a
         # different value answers without another read.
         last: list[bytes | None] = []
-        # When the key held ``current`` at revision cached[1], a watch from just after it
-        # replays any later change, so the first read can be skipped.
+        # When the key held ``current`` at revision cached[1] (or, for ``current`` None,
+        # was absent at a known revision), a watch from just after it replays any later
+        # change, so the first read can be skipped.
+        since = None
         if current is not None and cached is not None and cached[0] == current:
-            if not self._watch(full, cached[1], deadline, "wait_for_change", last):
+            since = cached[1]
+        elif current is None and cached is None:
+            since = self._absent.get(full)
+        if since is not None:
+            if not self._watch(full, since, deadline, "wait_for_change", last):
                 return False
             if last and last[0] != current:
                 return True

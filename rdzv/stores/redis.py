@@ -163,7 +163,7 @@ return redis.call('SCARD', KEYS[1])
 """
 
 # KEYS: key.  ARGV: the SHA-1 (hex) of the value the caller holds, or "" for "absent".
-# Returns 1 when the key's value differs from that, 0 when it is the same: a waiter learns
+# Returns 1 when the key's value differs from that, 0 when it is the same: a caller learns
 # whether a (possibly large) value changed without the value crossing the network.
 _CHANGED = """
 local v = redis.call('GET', KEYS[1])
@@ -174,6 +174,21 @@ end
 if redis.sha1hex(v) == ARGV[1] then return 0 end
 return 1
 """
+
+# KEYS: key.  ARGV: as _CHANGED.  Returns {0} when the value is the caller's, {1} when the
+# key is absent (and the caller's is not), {2, value} when it holds another value: a waiter
+# that wakes learns the new value in the same round trip.
+_FETCH_IF_CHANGED = """
+local v = redis.call('GET', KEYS[1])
+if v == false then
+  if ARGV[1] == '' then return {0} end
+  return {1}
+end
+if redis.sha1hex(v) == ARGV[1] then return {0} end
+return {2, v}
+"""
+SEEN_ENTRIES = 64
+"""Bound on the values a store remembers from its waits (see :meth:`RedisStore.seen`)."""
 
 # KEYS: key, index.  ARGV: channel.
 _DELETE = """
@@ -248,6 +263,8 @@ class RedisStore(RemoteStore):
         self._delete_script: Any = self._client.register_script(_DELETE)
         self._add_member_script: Any = self._client.register_script(_ADD_MEMBER)
         self._changed_script: Any = self._client.register_script(_CHANGED)
+        self._fetch_script: Any = self._client.register_script(_FETCH_IF_CHANGED)
+        self._seen: dict[str, bytes] = {}
         self._open_epoch()
 
     # -- plumbing --------------------------------------------------------------------
@@ -480,14 +497,29 @@ class RedisStore(RemoteStore):
             == 0
         )
 
+    def seen(self, key: str) -> bytes | None:
+        """The value of ``key`` that this store's latest :meth:`wait_for_change` on it
+        found (it may have changed since: confirm it with :meth:`unchanged`); None if
+        none. An rdzv extension that saves the re-read after a wake-up."""
+        return self._seen.get(self._k(check_key(key)))
+
     def wait_for_change(self, key: str, current: bytes | None, timeout: timedelta) -> bool:
         full = self._k(key)
         seconds = wait_seconds(timeout)
-        # Compare digests on the server: the value itself never crosses the network.
+        # Compare digests on the server: an unchanged value never crosses the network; a
+        # changed one comes back in the same reply and is kept for seen().
         digest = "" if current is None else hashlib.sha1(current, usedforsecurity=False).hexdigest()
 
         def changed() -> bool:
-            return int(self._changed_script(keys=[full], args=[digest])) == 1
+            reply = self._fetch_script(keys=[full], args=[digest])
+            status = int(reply[0])
+            if status == 2:
+                if len(self._seen) >= SEEN_ENTRIES:
+                    self._seen.clear()
+                self._seen[full] = bytes(reply[1])
+            elif status == 1:
+                self._seen.pop(full, None)
+            return status != 0
 
         return self._wait_until([full], changed, seconds, "wait_for_change")
 
@@ -497,11 +529,16 @@ class RedisStore(RemoteStore):
         """True once ``ready()`` holds, False after ``seconds``; sleeps on the keys'
         change channels between reads (see the module docstring)."""
         deadline = time.monotonic() + seconds
-        if self._call(doing, ready):
-            return True
-        if seconds <= 0:
-            return False
         channels = sorted({self._channel(k) for k in full})
+        subscribed = getattr(self._subscribers, "channels", None) == channels
+        if not subscribed or seconds <= 0:
+            # Look before paying for a subscription. A thread subscribed to these keys
+            # already (a node waits on the state slice after slice) skips this look:
+            # sleep_on looks first.
+            if self._call(doing, ready):
+                return True
+            if seconds <= 0:
+                return False
 
         def sleep_on(pubsub: Any) -> bool:
             while True:  # bounded by the deadline
