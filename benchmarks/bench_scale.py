@@ -75,11 +75,14 @@ CAP_S = 120.0
 ROUND_KEEP_ALIVE = "5"
 """keep_alive_interval (s) of the timed round: torch's default."""
 STEADY_KEEP_ALIVE_S = 1.0
-"""keep_alive_interval (s) of the steady-state round (short, so the window is short)."""
+"""Default keep_alive_interval (s) of the steady-state round (short, so the window is
+short; ``--steady-interval`` sets it: at N = 1,024 on two cores, one second is less than
+the machine needs to run 1,024 heartbeats, so nodes miss their beats and are pruned)."""
 STEADY_INTERVALS = 2
 """Default number of keep-alive intervals the steady-state window lasts."""
-SETTLE_INTERVALS = 0.5
-"""Keep-alive intervals between the end of the round and the start of the window."""
+SETTLE_INTERVALS = 2.0
+"""Keep-alive intervals between the end of the round and the start of the window (every
+node has beaten since the round, and the stragglers' first reads are over)."""
 CHILD_SLACK_S = 60.0
 """Seconds a measurement subprocess gets beyond its cap (imports, handler creation)..."""
 CHILD_SLACK_PER_NODE_S = 0.1
@@ -281,7 +284,7 @@ def worker(job_json: str) -> NoReturn:
     """One worker process: its share of the nodes, as threads; never returns."""
     job = json.loads(job_json)
     count = int(job["count"])
-    bound = float(job["cap"]) + WATCHDOG_SLACK_S + float(job.get("intervals", 0)) + 60.0
+    bound = float(job["cap"]) + WATCHDOG_SLACK_S + _steady_s(job) + 60.0
     handlers = _handlers(job, job["interval"], count)
     if not job.get("gc", False):
         # One process holds the decoded states of all its nodes, so each pass of the
@@ -465,9 +468,15 @@ def measure_round(job: dict[str, Any]) -> dict[str, Any]:
         nodes.stop()
 
 
+def _steady_s(job: dict[str, Any]) -> float:
+    """Seconds the steady-state part of ``job`` sleeps (settling, then the window)."""
+    interval = float(job.get("interval", STEADY_KEEP_ALIVE_S))
+    return (SETTLE_INTERVALS + float(job.get("intervals", 0))) * interval
+
+
 def measure_steady(job: dict[str, Any]) -> dict[str, Any]:
     """Per keep-alive interval after a completed round: server bytes, CAS, lost CAS."""
-    interval = STEADY_KEEP_ALIVE_S
+    interval = float(job.get("interval", STEADY_KEEP_ALIVE_S))
     meter = ByteMeter(job["server"], job["port"])
     nodes = Nodes(job, f"{interval:g}")
     try:
@@ -513,7 +522,7 @@ def _finish(result: dict[str, Any]) -> NoReturn:
 def child(job_json: str) -> NoReturn:
     """Run one measurement and print its result line; never returns."""
     job = json.loads(job_json)
-    limit = float(job["cap"]) + WATCHDOG_SLACK_S + float(job.get("intervals", 0))
+    limit = float(job["cap"]) + WATCHDOG_SLACK_S + _steady_s(job)
 
     def expire() -> None:
         with _Returned.lock:
@@ -917,6 +926,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--protocols", default=",".join(PROTOCOLS), help="hardened,scale")
     parser.add_argument("--cap", type=float, default=CAP_S, help="seconds per measurement")
     parser.add_argument("--steady-intervals", type=int, default=STEADY_INTERVALS)
+    parser.add_argument(
+        "--steady-interval",
+        type=float,
+        default=STEADY_KEEP_ALIVE_S,
+        help="keep_alive_interval in seconds of the steady-state round (default %(default)s)",
+    )
     parser.add_argument("--no-steady", action="store_true", help="skip the steady-state window")
     parser.add_argument("--no-torch", action="store_true", help="skip torch even if importable")
     parser.add_argument("--no-plots", action="store_true", help="write no SVG files")
@@ -966,6 +981,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--procs must be >= 1, got {args.procs}")
     if args.steady_intervals < 1:
         parser.error(f"--steady-intervals must be >= 1, got {args.steady_intervals}")
+    if not args.steady_interval > 0:
+        parser.error(
+            f"--steady-interval must be a positive number of seconds, got {args.steady_interval}"
+        )
     # SIGTERM (and SIGINT, even when the launching shell ignored it) unwind through the
     # finally blocks: the running measurement is killed and the servers are stopped.
     signal.signal(signal.SIGTERM, _terminate)
@@ -978,7 +997,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     protocols = _list(parser, args.protocols, PROTOCOLS, "protocol")
     with_torch = not args.no_torch and torch_available()
-    window = f"{args.steady_intervals}x{STEADY_KEEP_ALIVE_S:g}s"
+    window = f"{args.steady_intervals}x{args.steady_interval:g}s"
     print(
         f"bench_scale: sizes={','.join(map(str, sizes))} stores={','.join(stores)} "
         f"protocols={','.join(protocols)} cap={args.cap:g}s "
@@ -1013,6 +1032,7 @@ def main(argv: list[str] | None = None) -> int:
                         "n": n,
                         "cap": args.cap,
                         "intervals": args.steady_intervals,
+                        "interval": args.steady_interval,
                         "procs": default_procs(store, n) if args.procs is None else args.procs,
                         "gc": args.gc,
                     }

@@ -13,6 +13,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT / "benchmarks") not in sys.path:
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -141,11 +143,12 @@ def test_svg_plot_is_log_log_deterministic_and_omits_failed_points() -> None:
 
 
 def test_a_measurement_that_overruns_its_cap_reports_how_far_it_got() -> None:
-    # The steady window sleeps 2.5 s; the watchdog is set to fire 1.5 s after the start.
+    # The steady part sleeps 4 s (2 settling + 2 window intervals of 1 s); the watchdog is
+    # set to fire 1.5 s after the start.
     job: dict[str, object] = {"kind": "steady", "url": "memory://w", "server": None}
     job |= {"port": 0, "protocol": "scale", "n": 8, "cap": 30.0, "intervals": 2}
     code = (
-        "import json, sys, bench_scale as b; b.WATCHDOG_SLACK_S = -30.5; "
+        "import json, sys, bench_scale as b; b.WATCHDOG_SLACK_S = -32.5; "
         f"b.child({json.dumps(json.dumps(job))})"
     )
     done = subprocess.run(
@@ -211,3 +214,16 @@ def test_memory_cannot_span_processes() -> None:
     )
     assert done.returncode == 2
     assert "memory:// keeps its data inside one process" in done.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_steady_interval_must_be_positive(value: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_scale.py"), "--steady-interval", value],
+        capture_output=True,
+        text=True,
+        timeout=RUN_WITHIN_S,
+        cwd=ROOT,
+    )
+    assert done.returncode == 2
+    assert "--steady-interval must be a positive number of seconds" in done.stderr
