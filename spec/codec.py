@@ -24,7 +24,7 @@ import itertools
 import json
 from typing import Any, NoReturn
 
-from spec.state import MAX_ADDR_LEN, MAX_ID, NodeId, RendezvousState
+from spec.state import MAX_ADDR_LEN, MAX_ID, NodeId, RendezvousState, trusted_node
 
 VERSION = 1
 MAX_INT = MAX_ID
@@ -145,6 +145,48 @@ def _node(entry: Any, where: str, extra: int) -> tuple[NodeId, list[Any]]:
     return node, items[3:]
 
 
+def _fast_entries(
+    value: Any, extra: int, low: int, interned: dict[tuple[str, int, int], NodeId]
+) -> list[tuple[NodeId, int]] | None:
+    """The common case of a node list, fast: every entry well formed and the entries in
+    strictly increasing order (as :func:`encode` writes them). Returns (node, value)
+    pairs (value 0 when ``extra`` is 0), or None when anything is off, and the caller
+    then takes the checking path, which names the problem. Nodes already seen in this
+    state are shared (``interned``)."""
+    if type(value) is not list:
+        return None
+    width = 3 + extra
+    out: list[tuple[NodeId, int]] = []
+    previous: tuple[str, int, int] | None = None
+    for entry in value:
+        if type(entry) is not list or len(entry) != width:
+            return None
+        addr, pid, local_id = entry[0], entry[1], entry[2]
+        if (
+            type(addr) is not str
+            or type(pid) is not int
+            or type(local_id) is not int
+            or not 0 < len(addr) <= MAX_ADDR_LEN
+            or not 0 <= pid <= MAX_INT
+            or not 0 <= local_id <= MAX_INT
+        ):
+            return None
+        key = (addr, pid, local_id)
+        if previous is not None and not previous < key:
+            return None
+        previous = key
+        number = 0
+        if extra:
+            number = entry[3]
+            if type(number) is not int or not low <= number <= MAX_INT:
+                return None
+        node = interned.get(key)
+        if node is None:
+            node = interned[key] = trusted_node(addr, pid, local_id)
+        out.append((node, number))
+    return out
+
+
 def _node_list(value: Any, name: str) -> tuple[NodeId, ...]:
     nodes = []
     for i, entry in enumerate(_list(value, name)):
@@ -221,13 +263,23 @@ def _decode(data: bytes) -> RendezvousState:
         unknown = sorted(keys - _KEYS)
         _bad(f"missing keys {missing}, unknown keys {unknown}")
     deadline = doc["deadline"]
+    interned: dict[tuple[str, int, int], NodeId] = {}
+
+    def node_map(name: str, field: str, low: int = 0) -> tuple[tuple[NodeId, int], ...]:
+        fast = _fast_entries(doc[name], 1, low, interned)
+        return tuple(fast) if fast is not None else _node_map(doc[name], name, field, low)
+
+    def node_list(name: str) -> tuple[NodeId, ...]:
+        fast = _fast_entries(doc[name], 0, 0, interned)
+        return tuple(n for n, _ in fast) if fast is not None else _node_list(doc[name], name)
+
     return RendezvousState(
         round=_int(doc["round"], "round"),
         complete=_bool(doc["complete"], "complete"),
         closed=_bool(doc["closed"], "closed"),
         deadline=None if deadline is None else _int(deadline, "deadline", MIN_INT),
-        participants=_node_map(doc["participants"], "participants", "rank"),
-        wait_list=_node_list(doc["wait_list"], "wait_list"),
-        redundancy_list=_node_list(doc["redundancy_list"], "redundancy_list"),
-        last_heartbeats=_node_map(doc["heartbeats"], "heartbeats", "time", MIN_INT),
+        participants=node_map("participants", "rank"),
+        wait_list=node_list("wait_list"),
+        redundancy_list=node_list("redundancy_list"),
+        last_heartbeats=node_map("heartbeats", "time", MIN_INT),
     )

@@ -54,6 +54,15 @@ class NodeId:
         return f"{self.addr}_{self.pid}_{self.local_id}"
 
 
+def trusted_node(addr: str, pid: int, local_id: int) -> NodeId:
+    """A :class:`NodeId` from fields the caller has already checked (the codec, which
+    checks them with messages about the stored bytes), without checking them again."""
+    node = object.__new__(NodeId)
+    fields = vars(node)
+    fields["addr"], fields["pid"], fields["local_id"] = addr, pid, local_id
+    return node
+
+
 class _Keep:
     """Marker type for :data:`KEEP`."""
 

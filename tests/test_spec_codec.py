@@ -129,6 +129,27 @@ def test_decode_accepts_unsorted_lists_and_bytes_like_input() -> None:
     assert decode(memoryview(SAMPLE_BYTES)) == SAMPLE  # type: ignore[arg-type]
 
 
+@given(states(), st.randoms(use_true_random=False))
+def test_canonical_and_reordered_encodings_decode_to_equal_states(
+    state: RendezvousState, rnd: Any
+) -> None:
+    # Canonical bytes take the fast path; shuffled lists the checking one.
+    doc = _doc(state)
+    for key in ("participants", "heartbeats", "wait_list", "redundancy_list"):
+        rnd.shuffle(doc[key])
+    fast, checked = decode(encode(state)), decode(_bytes(doc))
+    assert fast == checked == state
+    assert [hash(n) for n, _ in fast.participants] == [hash(n) for n, _ in state.participants]
+    assert [str(n) for n in fast.wait_list] == [str(n) for n in state.wait_list]
+
+
+def test_a_node_listed_twice_is_decoded_once() -> None:
+    decoded = decode(SAMPLE_BYTES)
+    members = {n: n for n, _ in decoded.participants}
+    shared = [n for n, _ in decoded.last_heartbeats if n in members]
+    assert shared and all(members[n] is n for n in shared)
+
+
 # -- malformed input: only CorruptState --------------------------------------------------
 def _only_corrupt(data: Any) -> None:
     """decode(data) either succeeds with a re-encodable state or raises CorruptState."""
