@@ -35,24 +35,21 @@ RUN_WITHIN_S = 120.0
 SVG = "{http://www.w3.org/2000/svg}"
 
 
-def _quick_run() -> str:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "bench_scale.py"),
-            "--quick",
-            "--stores",
-            "memory",
-            "--no-torch",
-            "--no-plots",
-            "--markdown",
-            "--steady-intervals",
-            "1",
-        ],
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run benchmarks/bench_scale.py with ``args`` from the repository root."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_scale.py"), *args],
         capture_output=True,
         text=True,
         timeout=RUN_WITHIN_S,
         cwd=ROOT,
+    )
+
+
+def _quick_run() -> str:
+    done = _bench(
+        *("--quick", "--stores", "memory", "--no-torch", "--no-plots", "--markdown"),
+        *("--steady-intervals", "1"),
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -198,32 +195,13 @@ def test_nodes_spread_over_processes_rendezvous_together(tmp_path: Path) -> None
 
 
 def test_memory_cannot_span_processes() -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "bench_scale.py"),
-            "--stores",
-            "memory",
-            "--procs",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=RUN_WITHIN_S,
-        cwd=ROOT,
-    )
+    done = _bench("--stores", "memory", "--procs", "2")
     assert done.returncode == 2
     assert "memory:// keeps its data inside one process" in done.stderr
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan"])
 def test_steady_interval_must_be_positive(value: str) -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_scale.py"), "--steady-interval", value],
-        capture_output=True,
-        text=True,
-        timeout=RUN_WITHIN_S,
-        cwd=ROOT,
-    )
+    done = _bench("--steady-interval", value)
     assert done.returncode == 2
     assert "--steady-interval must be a positive number of seconds" in done.stderr
