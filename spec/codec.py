@@ -24,7 +24,14 @@ import itertools
 import json
 from typing import Any, NoReturn
 
-from spec.state import MAX_ADDR_LEN, MAX_ID, NodeId, RendezvousState, trusted_node
+from spec.state import (
+    MAX_ADDR_LEN,
+    MAX_ID,
+    NodeId,
+    RendezvousState,
+    trusted_node,
+    valid_addr,
+)
 
 VERSION = 1
 MAX_INT = MAX_ID
@@ -139,8 +146,11 @@ def _node(entry: Any, where: str, extra: int) -> tuple[NodeId, list[Any]]:
     if len(items) != 3 + extra:
         _bad(f"{where} must have {3 + extra} fields, got {len(items)}")
     addr = items[0]
-    if not isinstance(addr, str) or not addr or len(addr) > MAX_ADDR_LEN:
-        _bad(f"{where}: the address must be a non-empty string of at most {MAX_ADDR_LEN} chars")
+    if not valid_addr(addr):
+        _bad(
+            f"{where}: the address must be a non-empty string of at most {MAX_ADDR_LEN} chars"
+            " of valid Unicode text (no lone surrogates)"
+        )
     node = NodeId(addr, _int(items[1], f"{where} pid"), _int(items[2], f"{where} local_id"))
     return node, items[3:]
 
@@ -149,7 +159,8 @@ def _fast_entries(
     value: Any, extra: int, low: int, interned: dict[tuple[str, int, int], NodeId]
 ) -> list[tuple[NodeId, int]] | None:
     """The common case of a node list, fast: every entry well formed and the entries in
-    strictly increasing order (as :func:`encode` writes them). Returns (node, value)
+    strictly increasing order (as :func:`encode` writes them), addresses in ASCII (any
+    other address is checked for lone surrogates on the checking path). Returns (node, value)
     pairs (value 0 when ``extra`` is 0), or None when anything is off, and the caller
     then takes the checking path, which names the problem. Nodes already seen in this
     state are shared (``interned``)."""
@@ -167,6 +178,7 @@ def _fast_entries(
             or type(pid) is not int
             or type(local_id) is not int
             or not 0 < len(addr) <= MAX_ADDR_LEN
+            or not addr.isascii()
             or not 0 <= pid <= MAX_INT
             or not 0 <= local_id <= MAX_INT
         ):

@@ -107,7 +107,13 @@ class Settings:
                 )
             if seconds != seconds or seconds in (float("inf"), float("-inf")):
                 raise SettingsError(f"{name} ({seconds}) must be a finite number of seconds")
-            return round(seconds * SECOND)
+            millis = round(seconds * SECOND)
+            if seconds > 0 and millis == 0:
+                raise SettingsError(
+                    f"{name} ({seconds} s) rounds to 0 ms, below the settings' 1 ms "
+                    "resolution; use at least 0.001 s"
+                )
+            return millis
 
         return cls(
             min_nodes=min_nodes,

@@ -25,6 +25,21 @@ MAX_ADDR_LEN = 1024
 """Longest node address, in characters."""
 
 
+def valid_addr(addr: object) -> bool:
+    """True for a node address the codec can write and read back, and logs can print: a
+    non-empty string of at most :data:`MAX_ADDR_LEN` characters that is valid Unicode
+    text (no lone surrogates, which JSON can carry but UTF-8 cannot)."""
+    if not isinstance(addr, str) or not 0 < len(addr) <= MAX_ADDR_LEN:
+        return False
+    if addr.isascii():
+        return True
+    try:
+        addr.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @dataclass(frozen=True, order=True)
 class NodeId:
     """One handler instance: host address, process id and a per-process counter.
@@ -40,10 +55,11 @@ class NodeId:
     def __post_init__(self) -> None:
         # Refuse identities the codec could not read back: a state holding one would
         # make the store unreadable for every node.
-        if not isinstance(self.addr, str) or not 0 < len(self.addr) <= MAX_ADDR_LEN:
+        if not valid_addr(self.addr):
             raise ValueError(
                 f"node address {self.addr!r} must be a non-empty string of at most "
-                f"{MAX_ADDR_LEN} characters; pass the host name or IP address"
+                f"{MAX_ADDR_LEN} characters of valid Unicode text; pass the host name or "
+                "IP address"
             )
         for name in ("pid", "local_id"):
             value = getattr(self, name)

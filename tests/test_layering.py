@@ -7,6 +7,7 @@ logging side effects or our other packages); spec and rdzv never import model_ch
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,28 @@ def test_spec_imports_nothing_impure(path: Path) -> None:
         if _top(mod) in SPEC_FORBIDDEN_MODULES or mod == "__import__"
     ]
     assert not bad, "spec must stay pure:\n" + "\n".join(bad)
+
+
+def _outside_stdlib(path: Path) -> list[str]:
+    return [
+        f"{path.name}:{line} imports {mod}"
+        for line, mod in _imports(path)
+        if _top(mod) not in sys.stdlib_module_names and _top(mod) not in {"spec", "__future__"}
+    ]
+
+
+@pytest.mark.parametrize("path", _modules("spec"), ids=lambda p: p.name)
+def test_spec_depends_on_the_standard_library_only(path: Path) -> None:
+    bad = _outside_stdlib(path)
+    assert not bad, "spec may import only the standard library and itself:\n" + "\n".join(bad)
+
+
+def test_the_stdlib_check_would_catch_a_third_party_import(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "import json\nimport numpy\nfrom spec import state\nfrom redis import Redis\n"
+    )
+    assert [entry.rsplit(" ", 1)[1] for entry in _outside_stdlib(sample)] == ["numpy", "redis"]
 
 
 @pytest.mark.parametrize("path", _modules("spec"), ids=lambda p: p.name)

@@ -365,6 +365,10 @@ NAMED: list[tuple[str, bytes, str]] = [
     ("long-participant", _mutated(_set(("participants", 0), ["a", 1, 0, 0, 9])),
      "participants[0] must have 4 fields, got 5"),
     ("empty-addr", _mutated(_set(("wait_list", 0, 0), "")), "address must be a non-empty string"),
+    ("lone-surrogate-addr", _mutated(_set(("participants", 0, 0), "\ud800")),
+     "participants[0]: the address must be a non-empty string"),
+    ("lone-surrogate-waiter", _mutated(_set(("wait_list", 0, 0), "h\udfff")),
+     "no lone surrogates"),
     ("unknown-version", _mutated(_set(("v",), 2)), "unsupported version 2"),
     ("version-zero", _mutated(_set(("v",), 0)), "unsupported version 0"),
     ("version-true", _mutated(_set(("v",), True)), "unsupported version True"),
@@ -432,13 +436,28 @@ def test_state_size_budget(participants: int, waiting: int, budget: int) -> None
 
 @pytest.mark.parametrize(
     ("addr", "pid", "local_id"),
-    [("", 1, 0), ("x" * 1025, 1, 0), ("h", -1, 0), ("h", 1, -1), ("h", True, 0), ("h", 2**63, 0)],
+    [
+        ("", 1, 0),
+        ("x" * 1025, 1, 0),
+        ("\ud800", 1, 0),
+        ("h", -1, 0),
+        ("h", 1, -1),
+        ("h", True, 0),
+        ("h", 2**63, 0),
+    ],
 )
 def test_node_ids_the_codec_cannot_read_back_are_refused(
     addr: str, pid: int, local_id: int
 ) -> None:
     with pytest.raises(ValueError, match="node"):
         NodeId(addr, pid, local_id)
+
+
+def test_non_ascii_addresses_round_trip_and_print() -> None:
+    node = NodeId("hôte-ü.例え", 7, 0)
+    state = RendezvousState.build(participants={node: 0}, last_heartbeats={node: 5})
+    assert decode(encode(state)) == state
+    assert str(decode(encode(state)).participants[0][0]).encode("utf-8")
 
 
 def test_the_longest_allowed_address_round_trips() -> None:

@@ -121,7 +121,10 @@ def test_from_seconds_defaults_equal_the_millisecond_defaults() -> None:
         pytest.param({"close": float("inf")}, ("close timeout", "finite"), id="inf"),
         pytest.param({"last_call": True}, ("last_call timeout", "True", "e.g. 30"), id="bool"),
         pytest.param({"heartbeat": "5"}, ("heartbeat timeout", "'5'"), id="str"),
-        pytest.param({"join": 0.0004}, ("join_timeout (0 ms)", "positive"), id="rounds-to-zero"),
+        pytest.param(
+            {"join": 0.0004}, ("join timeout (0.0004 s)", "at least 0.001 s"), id="rounds-to-zero"
+        ),
+        pytest.param({"join": 0.0}, ("join_timeout (0 ms)", "positive"), id="zero"),
         pytest.param({"cache_duration": -1.0}, ("cache_duration (-1000 ms)",), id="neg-cache"),
     ],
 )
