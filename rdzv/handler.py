@@ -826,26 +826,34 @@ def _fail_config(key: str, problem: str) -> NoReturn:
 
 
 def create_handler(
-    *args: Any, clock: Clock | None = None, rng: random.Random | None = None
+    store: Any = None,
+    backend: Any = None,
+    params: Any = None,
+    *,
+    clock: Clock | None = None,
+    rng: random.Random | None = None,
 ) -> DynamicRendezvousHandler:
     """``create_handler(params)`` opens the store ``params.endpoint`` names;
-    ``create_handler(store, backend, params)`` uses the given ones (torch's form).
+    ``create_handler(store, backend, params)`` uses the given ones (torch's form, also
+    with keywords: ``create_handler(store=..., backend=..., params=...)``).
 
     Config keys (strings are parsed; durations in seconds, fractions allowed):
     ``join_timeout`` (600), ``last_call_timeout`` (30), ``close_timeout`` (30),
     ``heartbeat_timeout`` (5), ``keep_alive_interval`` (5), ``keep_alive_max_attempt`` (3),
     ``cache_duration`` (1), ``protocol`` ("hardened").
     """
-    if len(args) == 1:
-        params = args[0]
-        store: Store | None = None
-        backend: RendezvousBackend | None = None
-    elif len(args) == 3:
-        store, backend, params = args
-    else:
+    if params is None and backend is None:
+        store, params = None, store  # the one-argument form
+    elif params is None and isinstance(backend, RendezvousParameters):
         raise TypeError(
-            f"create_handler takes (params) or (store, backend, params), got {len(args)} "
-            f"positional arguments"
+            "create_handler takes (params) or (store, backend, params), got (store, params); "
+            "pass a backend too, e.g. StoreRendezvousBackend(store, params.run_id)"
+        )
+    elif (store is None) != (backend is None):
+        given, missing = ("store", "backend") if backend is None else ("backend", "store")
+        raise TypeError(
+            f"create_handler got a {given} but no {missing}; pass both with the params "
+            f"(torch's form) or only the params, and the store is opened from params.endpoint"
         )
     if not isinstance(params, RendezvousParameters):
         raise TypeError(

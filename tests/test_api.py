@@ -306,13 +306,24 @@ def test_create_handler_parses_config_strings() -> None:
     assert handler.variant is TORCH_213
 
 
-def test_create_handler_with_store_and_backend() -> None:
+@pytest.mark.parametrize("keywords", [False, True], ids=["positional", "keywords"])
+def test_create_handler_with_store_and_backend(keywords: bool) -> None:
     store = MemoryStore()
     backend = StoreRendezvousBackend(store, "job")
-    handler = create_handler(store, backend, RendezvousParameters("rdzv", "", "job", 1, 1))
+    p = RendezvousParameters("rdzv", "", "job", 1, 1)
+    if keywords:
+        handler = create_handler(store=store, backend=backend, params=p)
+    else:
+        handler = create_handler(store, backend, p)
     info = handler.next_rendezvous()
     assert (info.rank, info.world_size, info.round) == (0, 1, 0)
     assert store.check(["rdzv/job/state"])
+    assert handler.shutdown()
+
+
+def test_create_handler_takes_params_as_a_keyword() -> None:
+    handler = create_handler(params=RendezvousParameters("rdzv", "memory://kw", "job", 1, 1))
+    assert handler.next_rendezvous().world_size == 1
     assert handler.shutdown()
 
 
@@ -337,6 +348,10 @@ def test_create_handler_rejects_unknown_schemes_and_wrong_arity() -> None:
         create_handler(bad)
     with pytest.raises(TypeError, match=r"\(params\) or \(store, backend, params\)"):
         create_handler(MemoryStore(), params())
+    with pytest.raises(TypeError, match="got a store but no backend"):
+        create_handler(store=MemoryStore(), params=params())
+    with pytest.raises(TypeError, match="got a backend but no store"):
+        create_handler(backend=StoreRendezvousBackend(MemoryStore(), "job"), params=params())
     with pytest.raises(TypeError, match="needs RendezvousParameters"):
         create_handler("memory://x")
 

@@ -64,7 +64,7 @@ class HandlersOverOneStore(RuleBasedStateMachine):
         n=st.integers(2, 4),
         min_nodes=st.integers(1, 3),
         extra=st.integers(0, 2),
-        variant=st.sampled_from(["upstream", "torch-2.13"]),
+        variant=st.sampled_from(["upstream", "torch-2.13", "hardened", "scale"]),
         cache=st.sampled_from([0.0, 1.0]),
         seed=st.integers(0, 1000),
     )
