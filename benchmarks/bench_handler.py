@@ -52,18 +52,20 @@ class Result:
 
 
 # -- rdzv ------------------------------------------------------------------------------------------
-def _params(url: str, run_id: str, n: int) -> Any:
+def _params(url: str, run_id: str, n: int, protocol: str | None = None) -> Any:
     from rdzv import RendezvousParameters
 
+    extra = {} if protocol is None else {"protocol": protocol}
     return RendezvousParameters(
-        "rdzv", url, run_id, n, n, join_timeout=JOIN_TIMEOUT, keep_alive_interval="5"
+        "rdzv", url, run_id, n, n, join_timeout=JOIN_TIMEOUT, keep_alive_interval="5", **extra
     )
 
 
-def rdzv_threads(url: str, n: int, run_id: str) -> Result:
+def rdzv_threads(url: str, n: int, run_id: str, protocol: str | None = None) -> Result:
+    """N handlers (``protocol``: a variant name, None for the handler's default) as threads."""
     from rdzv import create_handler
 
-    handlers = [create_handler(_params(url, run_id, n)) for _ in range(n)]
+    handlers = [create_handler(_params(url, run_id, n, protocol)) for _ in range(n)]
     ends = _run_threads([h.next_rendezvous for h in handlers])
     stats = [h.io_stats() for h in handlers]
     for h in handlers:
@@ -269,10 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         if s not in ("memory", "sqlite"):
             parser.error(f"unknown store {s!r}; use memory and/or sqlite")
     with_torch = not args.no_torch and torch_available()
-
+    torch_note = "yes" if with_torch else "off (--no-torch)" if args.no_torch else "not installed"
     print(
         f"bench_handler: sizes={','.join(map(str, sizes))} modes={','.join(modes)} "
-        f"stores={','.join(stores)} torch={'yes' if with_torch else 'not installed'}"
+        f"stores={','.join(stores)} torch={torch_note}"
     )
     header = (
         f"{'store':<7} {'mode':<9} {'N':>3} {'seconds':>8} {'cas':>6} {'conflicts':>9} "

@@ -4,12 +4,13 @@ Stores: memory://, sqlite://, redis:// and etcd:// (a real redis-server and etcd
 started on loopback in a temporary directory and stopped afterwards; see
 ``tests/servers.py``). For each store and N, N handlers (threads of this process, each
 with its own store connection) call ``next_rendezvous`` at one instant (the timing is
-``bench_handler.rdzv_threads``); the table shows the time until the last returned and,
-per node, the reads and compare-and-set attempts it made. A second table times single
-store operations (one thread, loopback).
+``bench_handler.rdzv_threads``), once per protocol (``hardened``, the handler's default,
+and ``scale``, which joins through an announcement set); the table shows the time until
+the last returned and, per node, the reads and compare-and-set attempts it made. A second
+table times single store operations (one thread, loopback).
 
     python3 benchmarks/bench_stores.py                    # N = 8, 32, 128
-    python3 benchmarks/bench_stores.py --sizes 8 --stores redis,etcd
+    python3 benchmarks/bench_stores.py --sizes 8 --stores redis,etcd --protocols hardened
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from bench_handler import rdzv_threads  # noqa: E402
 
 SIZES = (8, 32, 128)
 STORES = ("memory", "sqlite", "redis", "etcd")
+PROTOCOLS = ("hardened", "scale")
 OPS = 200
 """Single operations timed per kind and store."""
 
@@ -98,24 +100,45 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
     parser.add_argument("--stores", default=",".join(STORES))
+    parser.add_argument(
+        "--protocols", default=",".join(PROTOCOLS), help="variant names, comma-separated"
+    )
     args = parser.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",")]
+    try:
+        sizes = [int(s) for s in args.sizes.split(",")]
+    except ValueError:
+        parser.error(f"--sizes {args.sizes!r}: pass comma-separated integers, e.g. 8,32")
+    if not sizes or min(sizes) < 1:
+        parser.error(f"--sizes {args.sizes!r}: every size must be >= 1")
     stores = tuple(args.stores.split(","))
+    protocols = tuple(args.protocols.split(","))
+    from spec import get_variant
+
+    for protocol in protocols:
+        try:
+            get_variant(protocol)
+        except ValueError as exc:
+            parser.error(f"--protocols: {exc}")
     with tempfile.TemporaryDirectory() as tmp, store_urls(stores, Path(tmp)) as urls:
         print("rendezvous of N threads (each its own handler and connection)")
-        print(f"{'store':<8} {'N':>5} {'seconds':>9} {'reads/node':>11} {'CAS/node':>9}")
+        print(
+            f"{'store':<8} {'protocol':<9} {'N':>5} {'seconds':>9} {'reads/node':>11} "
+            f"{'CAS/node':>9}"
+        )
         for store in stores:
-            for n in sizes:
-                try:
-                    result = rdzv_threads(urls[store], n, f"bench-{uuid.uuid4().hex[:8]}")
-                except RuntimeError as exc:  # report the row, keep measuring the others
-                    print(f"{store:<8} {n:>5} failed: {str(exc)[:300]}", flush=True)
-                    continue
-                print(
-                    f"{store:<8} {n:>5} {result.seconds:>9.3f} {result.reads / n:>11.1f} "
-                    f"{result.cas / n:>9.1f}",
-                    flush=True,
-                )
+            for protocol in protocols:
+                for n in sizes:
+                    run_id = f"bench-{uuid.uuid4().hex[:8]}"
+                    try:
+                        result = rdzv_threads(urls[store], n, run_id, protocol)
+                    except RuntimeError as exc:  # report the row, keep measuring the others
+                        print(f"{store:<8} {protocol:<9} {n:>5} failed: {str(exc)[:300]}")
+                        continue
+                    print(
+                        f"{store:<8} {protocol:<9} {n:>5} {result.seconds:>9.3f} "
+                        f"{result.reads / n:>11.1f} {result.cas / n:>9.1f}",
+                        flush=True,
+                    )
         print()
         print(f"single operations, mean ms over {OPS} (one thread)")
         print(f"{'store':<8} {'get':>8} {'set':>8} {'CAS':>8} {'add':>8}")

@@ -1,0 +1,67 @@
+"""Smoke tests of ``benchmarks/bench_stores.py`` and ``benchmarks/bench_handler.py``: a real
+quick run of each on the embedded stores (the figures themselves are for the docs, not
+asserted), and their refusal of bad flags. ``tests/test_bench_scale.py`` covers the scale
+benchmark."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ROW = re.compile(r"^(memory|sqlite)\s+(hardened|scale)\s+2\s+(\d+\.\d+)\s+(\d+\.\d)\s+(\d+\.\d)$")
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+
+def test_bench_stores_prints_a_row_per_store_and_protocol() -> None:
+    done = _run("bench_stores.py", "--sizes", "2", "--stores", "memory,sqlite")
+    assert done.returncode == 0, done.stderr
+    rows = [m.groups() for m in map(ROW.match, done.stdout.splitlines()) if m]
+    assert [(store, protocol) for store, protocol, *_ in rows] == [
+        ("memory", "hardened"),
+        ("memory", "scale"),
+        ("sqlite", "hardened"),
+        ("sqlite", "scale"),
+    ], done.stdout
+    for _, protocol, _, reads, cas in rows:
+        assert float(reads) >= 1.0  # every node read the state at least once
+        # hardened: every node writes itself in; scale: one fold for the whole round
+        assert (float(cas) >= 1.0) if protocol == "hardened" else (float(cas) <= 1.0)
+    assert re.search(r"^sqlite\s+\d+\.\d{3}\s+\d+\.\d{3}", done.stdout, re.M), done.stdout
+
+
+def test_bench_stores_refuses_bad_flags() -> None:
+    done = _run("bench_stores.py", "--protocols", "fastest", "--stores", "memory")
+    assert done.returncode == 2
+    assert "unknown protocol variant 'fastest'" in done.stderr
+    done = _run("bench_stores.py", "--sizes", "8,x", "--stores", "memory")
+    assert done.returncode == 2
+    assert "comma-separated integers" in done.stderr
+
+
+def test_bench_handler_runs_threads_and_processes() -> None:
+    done = _run("bench_handler.py", "--sizes", "2", "--modes", "threads,processes", "--no-torch")
+    assert done.returncode == 0, done.stderr
+    assert "torch=off (--no-torch)" in done.stdout
+    row = re.compile(r"^(memory|sqlite)\s+(threads|processes)\s+2\s+\d+\.\d{3}\s+(\d+)\s+(\d+)\s")
+    rows = [m.groups() for m in map(row.match, done.stdout.splitlines()) if m]
+    # memory:// lives in one process, so it has no processes row
+    assert [(store, mode) for store, mode, _, _ in rows] == [
+        ("memory", "threads"),
+        ("sqlite", "threads"),
+        ("sqlite", "processes"),
+    ], done.stdout
+    for _, _, cas, conflicts in rows:
+        assert int(cas) >= 2 and 0 <= int(conflicts) < int(cas)  # each node wrote itself in
