@@ -8,6 +8,7 @@ import logging
 import random
 import threading
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -496,3 +497,11 @@ def test_event_traces_pair_every_request_with_its_answer(
         assert expected is None and trace[-1]["request"] == "done"
     for h in handlers:
         h.shutdown()
+
+
+def test_handler_docs_name_every_event_input_and_request() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "handler.md").read_text("utf-8")
+    section = text[text.index("## Events") : text.index("## Performance")]
+    names = [*rdzv_events._INPUT_NAMES.values(), *rdzv_events._REQUEST_NAMES.values()]
+    missing = [name for name in names if f"`{name}`" not in section]
+    assert not missing, f"docs/handler.md#events does not list {missing}"
