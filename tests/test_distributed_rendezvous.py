@@ -2,8 +2,10 @@
 
 - Processes (spawned, reporting through JSON files; the worker and its helpers come from
   ``test_handler_processes``): 8 join and agree on ranks and bootstrap info; one killed
-  with SIGKILL is pruned once its heartbeat expired and the rest re-form; a late process
-  waits and joins the next round.
+  with SIGKILL between rounds is pruned once its heartbeat expired and the rest re-form;
+  a late process waits and joins the next round. One killed with SIGKILL inside
+  ``next_rendezvous`` of a round still open (on redis, etcd and sqlite) is pruned once
+  its heartbeat expired, and the round completes with newcomers, without it.
 - Faults (real handlers in threads of this process, each with its own store
   connection): the server restarts mid-rendezvous (with persistence the round
   completes; without it every node gets a clear ``RendezvousConnectionError``); a TCP
@@ -21,7 +23,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -45,8 +47,10 @@ from rdzv import (
     RendezvousStateError,
     create_handler,
 )
+from rdzv.store import Store
 from rdzv.stores import open_store
 from spec.codec import decode
+from spec.state import RendezvousState
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +58,8 @@ NODE_JOIN_S = 60.0
 """Bound on how long the test waits for one node thread to finish."""
 MAX_WAIT = timedelta(seconds=1)
 """One slice of the test's own waits for a state change."""
+STATE_KEY = "rdzv/job/state"
+"""The rendezvous key of the worker processes' run (run id ``job``) in their store."""
 PARTITION_S = 0.5
 """How long the short network partition lasts (well inside the nodes' retry budget)."""
 
@@ -193,7 +199,7 @@ def test_processes_join_die_and_join_late(backend: Backend, tmp_path: Path) -> N
         _check_round(second, 7)
         assert second[0]["round"] == first[0]["round"] + 1
         store = open_store(url)
-        state = decode(store.get("rdzv/job/state"))
+        state = decode(store.get(STATE_KEY))
         dead = next(r["node"] for r in first if r["node"] not in {s["node"] for s in second})
         assert dead not in {str(n) for n, _ in state.last_heartbeats}
 
@@ -201,10 +207,7 @@ def test_processes_join_die_and_join_late(backend: Backend, tmp_path: Path) -> N
         # round together with the survivors.
         c.start([8], first=2)  # its first round is everyone's round 2
         (c.work / "go2-8").touch()  # it calls next_rendezvous now, the others later
-        end = time.monotonic() + PROCESS_JOIN
-        while not decode(store.get("rdzv/job/state")).wait_list:  # bounded by PROCESS_JOIN
-            assert time.monotonic() < end, "the late process never joined the wait list"
-            store.wait_for_change("rdzv/job/state", store.get("rdzv/job/state"), MAX_WAIT)
+        _wait_for_state(store, lambda s: bool(s.wait_list), "the late process joins the wait list")
         assert not (c.work / "result-2-8.json").exists()  # it waits for the next round
         third = c.round(2, [0, 1, 2, 3, 4, 5, 6, 8])
         print(json.dumps(third, indent=1))  # shown when the checks below fail
@@ -215,6 +218,87 @@ def test_processes_join_die_and_join_late(backend: Backend, tmp_path: Path) -> N
 def _node_key(text: str) -> tuple[str, int, int]:
     addr, pid, local_id = text.rsplit("_", 2)
     return addr, int(pid), int(local_id)
+
+
+def _wait_for_state(
+    store: Store, done: Callable[[RendezvousState], bool], what: str
+) -> RendezvousState:
+    """The first state in ``store`` for which ``done`` holds; fails after PROCESS_JOIN."""
+    end = time.monotonic() + PROCESS_JOIN
+    while True:  # bounded by PROCESS_JOIN
+        data = store.get(STATE_KEY) if store.check([STATE_KEY]) else None
+        if data is not None and done(state := decode(data)):
+            return state
+        assert time.monotonic() < end, f"timed out waiting until {what}"
+        store.wait_for_change(STATE_KEY, data, MAX_WAIT)
+
+
+def _node_ids(work: Path, indices: Iterable[int]) -> dict[int, str]:
+    """Each worker's node id, from its ``ready`` file (complete once it rendezvoused)."""
+    return {i: (work / f"ready-{i}").read_text() for i in indices}
+
+
+def _members(state: RendezvousState) -> set[str]:
+    return {str(node) for node, _ in state.participants}
+
+
+@pytest.fixture(params=["redis", "etcd", "sqlite"])
+def store_url(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    start_redis: Callable[..., RedisServer],
+    start_etcd: Callable[..., EtcdServer],
+) -> str:
+    """The URL of a private store of each kind (the sqlite one in a file of the test)."""
+    if request.param == "redis":
+        return Backend("redis", start_redis()).url()
+    if request.param == "etcd":
+        return Backend("etcd", start_etcd()).url()
+    return f"sqlite://{tmp_path / 'rdzv.db'}"
+
+
+def test_a_process_killed_inside_an_open_round_is_pruned(store_url: str, tmp_path: Path) -> None:
+    # Heartbeats every 0.5 s; dead after 6 missed ones (3 s), as in the test above.
+    config = {"keep_alive_interval": "0.5", "keep_alive_max_attempt": "6"}
+    store = open_store(store_url)
+    try:
+        with store_cluster(tmp_path / "work", store_url, 8, 8, **config) as c:
+            c.start(list(range(7)))
+            (c.work / "go0").touch()  # the 7 call next_rendezvous; the round needs 8
+            joined = _wait_for_state(store, lambda s: len(s.participants) == 7, "7 joined")
+            ids = _node_ids(c.work, range(7))  # written before they called next_rendezvous
+            assert _members(joined) == set(ids.values())
+            assert not joined.complete
+
+            # The victim is a participant of the open round, blocked in next_rendezvous.
+            victim = c.procs[6]
+            assert victim.pid is not None
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.join(PROCESS_JOIN)
+            assert victim.exitcode == -signal.SIGKILL
+            assert not list(c.work.glob("result-*")), "a round of 8 completed with 7"
+            dead = ids.pop(6)
+            # Only the survivors' keep-alives can take it out: once its heartbeat expired.
+            pruned = _wait_for_state(
+                store, lambda s: dead not in _members(s), "the killed process is pruned"
+            )
+            assert _members(pruned) == set(ids.values())
+            assert dead not in {str(n) for n, _ in pruned.last_heartbeats}
+            assert (pruned.round, pruned.complete) == (joined.round, False)
+
+            # Two newcomers join the same open round (go0 exists: they start at once).
+            c.start([7, 8])
+            results = [c.result(0, i) for i in [*ids, 7, 8]]
+            ids.update(_node_ids(c.work, [7, 8]))
+            print(json.dumps(results, indent=1))  # shown when the checks below fail
+            _check_round(results, 8)
+            assert {r["node"] for r in results} == set(ids.values())
+            assert dead not in {r["node"] for r in results}
+            assert {r["round"] for r in results} == {joined.round}
+            by_node = sorted(results, key=lambda r: _node_key(r["node"]))
+            assert [r["rank"] for r in by_node] == list(range(8))
+    finally:
+        getattr(store, "close", lambda: None)()
 
 
 # -- threads -------------------------------------------------------------------------------
