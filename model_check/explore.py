@@ -315,7 +315,7 @@ def simulate(
     for _ in range(steps):
         moves = enabled(world, cfg)
         if not moves:
-            if _check_end(world, path, cfg, result, ends, steps):
+            if _check_end(world, path, cfg, result, ends):
                 break
             world, path = make_initial(cfg), []
             result.episodes += 1
@@ -343,7 +343,7 @@ def simulate(
                 }
             )
     else:
-        _check_end(world, path, cfg, result, ends, steps)
+        _check_end(world, path, cfg, result, ends)
     result.ends = (ends[0], ends[1])
     result.unique = len(seen)
     result.seconds = time.monotonic() - start
@@ -351,8 +351,12 @@ def simulate(
 
 
 SETTLE_MOVES = 2000
-"""Moves of continuation (without faults) tried at the end of a cut-off random walk (at most
-``--steps`` of the walk, so the check at most doubles a walk's cost)."""
+"""Least number of moves of continuation (without faults) tried at the end of a cut-off
+random walk."""
+SETTLE_MOVES_PER_PROCESS = 250
+"""More continuation for more processes: the bound is ``max(SETTLE_MOVES, this x processes)``.
+Every process needs a few moves per tick to keep going, and a round needs a few ticks
+to settle (hardened, N = 64 with every fault: about 130 per process after 3,000 moves)."""
 
 _SETTLE_KINDS = ("io", "wake", "start", "tick")
 """Moves of the continuation, in order of preference: serve processes before starting
@@ -366,7 +370,6 @@ def _check_end(
     cfg: ModelConfig,
     result: Result,
     ends: list[int],
-    steps: int,
 ) -> bool:
     """The general liveness property at the end of a random walk; True on a violation.
 
@@ -374,7 +377,7 @@ def _check_end(
     continued without further faults by a fair round-robin scheduler (every process served in
     turn, time advancing only when nobody can move) until it reaches an acceptable world,
     a world where nothing can move, a world it has already visited (then
-    :func:`doomed_from` decides) or ``min(SETTLE_MOVES, steps)`` moves (then undecided).
+    :func:`doomed_from` decides) or :func:`settle_limit` moves (then undecided).
     """
     extra: list[Move] = []
     turn = 0
@@ -382,7 +385,7 @@ def _check_end(
     visited: set[tuple[bytes, int]] = set()
     """Worlds right after a tick (a cycle of the continuation passes one, unless it is a
     livelock, which then runs into the bound)."""
-    limit = min(SETTLE_MOVES, max(steps, 1))
+    limit = settle_limit(len(world.procs))
     for _ in range(limit + 1):  # bounded by limit
         problems = unfinished_calls(world, cfg)
         if not problems:
@@ -420,6 +423,11 @@ def _check_end(
         ticked = move.kind == "tick"
     ends[1] += 1
     return False
+
+
+def settle_limit(processes: int) -> int:
+    """Most continuation moves :func:`_check_end` tries for a world of ``processes``."""
+    return max(SETTLE_MOVES, SETTLE_MOVES_PER_PROCESS * processes)
 
 
 def _round_robin(moves: list[Move], turn: int, nodes: int) -> Move:

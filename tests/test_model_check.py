@@ -25,7 +25,14 @@ import model_check.canon as canon_module
 import spec
 from model_check.__main__ import main
 from model_check.canon import ENCODED_FIELDS, Canon, plain_fingerprint
-from model_check.explore import doomed_from, explore, on_timeless_cycle, replay, simulate
+from model_check.explore import (
+    doomed_from,
+    explore,
+    on_timeless_cycle,
+    replay,
+    settle_limit,
+    simulate,
+)
 from model_check.model import (
     CALLS_END,
     Faults,
@@ -334,6 +341,17 @@ def test_random_walk_end_is_checked(tmp_path: Path, capsys: pytest.CaptureFixtur
     args = ["--mode", "random", "--nodes", "4", "--steps", "500", "--seed", "2", "--quiet"]
     assert main(args) == 0
     assert f"{CALLS_END}: walk ends checked=" in capsys.readouterr().out
+
+
+def test_a_short_walk_is_continued_long_enough_to_decide_its_end(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # 16 processes after 60 moves need more than 60 moves of continuation to settle; the
+    # bound grows with the processes (it was min(2000, --steps), and this end undecided).
+    args = ["--protocol", "hardened", "--mode", "random", "--nodes", "16", "--steps", "60"]
+    assert main([*args, "--seed", "1", "--crash", "1", "--quiet"]) == 0
+    assert f"{CALLS_END}: walk ends checked=1 undecided=0" in capsys.readouterr().out
+    assert settle_limit(16) == 4000 and settle_limit(2) == 2000
 
 
 def test_the_default_run_holds_every_property(capsys: pytest.CaptureFixture[str]) -> None:
