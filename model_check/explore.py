@@ -354,9 +354,12 @@ SETTLE_MOVES = 2000
 """Least number of moves of continuation (without faults) tried at the end of a cut-off
 random walk."""
 SETTLE_MOVES_PER_PROCESS = 250
-"""More continuation for more processes: the bound is ``max(SETTLE_MOVES, this x processes)``.
-Every process needs a few moves per tick to keep going, and a round needs a few ticks
-to settle (hardened, N = 64 with every fault: about 130 per process after 3,000 moves)."""
+"""More continuation for more processes: every process needs a few moves per tick to keep
+going, and a round needs a few ticks to settle (hardened, N = 64 with every fault: about
+130 per process after 3,000 moves)."""
+SETTLE_MOVES_MAX = 20_000
+"""Most moves of continuation, whatever the processes: at N = 256 a move costs tens of
+milliseconds, and 64,000 moves (26 minutes) did not settle a hardened walk either."""
 
 _SETTLE_KINDS = ("io", "wake", "start", "tick")
 """Moves of the continuation, in order of preference: serve processes before starting
@@ -427,7 +430,7 @@ def _check_end(
 
 def settle_limit(processes: int) -> int:
     """Most continuation moves :func:`_check_end` tries for a world of ``processes``."""
-    return max(SETTLE_MOVES, SETTLE_MOVES_PER_PROCESS * processes)
+    return min(SETTLE_MOVES_MAX, max(SETTLE_MOVES, SETTLE_MOVES_PER_PROCESS * processes))
 
 
 def _round_robin(moves: list[Move], turn: int, nodes: int) -> Move:
