@@ -108,6 +108,7 @@ def test_requirepass(start_redis: Callable[..., RedisServer]) -> None:
             _fresh(url, retries="0")
         text = str(info.value)
         assert "wrong-pw" not in text and "s3cret-pw" not in text
+        assert f"127.0.0.1:{server.port}/0" in text  # names the endpoint, password redacted
         assert "credentials" in text or "NOAUTH" in text or "Authentication" in text
 
 

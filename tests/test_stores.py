@@ -784,3 +784,67 @@ def test_prefix_store_wait_get_falls_back_to_wait_and_multi_get() -> None:
     assert prefixed.wait_get(["a", "b"], SHORT) == [b"1", b"2"]
     with pytest.raises(StoreTimeoutError):
         prefixed.wait_get(["a", "missing"], SHORT)
+
+
+# -- bounded retries of the network stores (rdzv.stores.remote) ------------------------------
+def test_backoff_doubles_from_the_minimum_up_to_the_cap() -> None:
+    from rdzv.stores.remote import RETRY_DELAY_MAX_S, RETRY_DELAY_MIN_S, backoff_delays
+
+    delays = backoff_delays(8)
+    assert len(delays) == 8 and backoff_delays(0) == []
+    assert delays[0] == RETRY_DELAY_MIN_S
+    for before, after in itertools.pairwise(delays):
+        assert after == min(before * 2, RETRY_DELAY_MAX_S)
+    assert delays[-1] == RETRY_DELAY_MAX_S
+
+
+@pytest.mark.parametrize("retries", [0, 1, 3])
+def test_with_retries_tries_retries_plus_one_times_then_fails(
+    retries: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rdzv.stores.remote as remote
+
+    slept: list[float] = []
+    monkeypatch.setattr("rdzv.stores.remote.time.sleep", slept.append)
+    calls: list[int] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        raise ConnectionError("refused")
+
+    def fail(exc: BaseException, attempts: int) -> RendezvousConnectionError:
+        return RendezvousConnectionError(f"gave up after {attempts} attempt(s): {exc}")
+
+    with pytest.raises(RendezvousConnectionError, match=rf"after {retries + 1} attempt\(s\)"):
+        remote.with_retries(
+            flaky, retries=retries, transient=lambda e: isinstance(e, ConnectionError), fail=fail
+        )
+    assert len(calls) == retries + 1
+    assert slept == remote.backoff_delays(retries)
+
+
+def _missing_key() -> str:
+    raise KeyError("x")
+
+
+def test_with_retries_recovers_and_passes_other_errors_through(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import rdzv.stores.remote as remote
+
+    monkeypatch.setattr("rdzv.stores.remote.time.sleep", lambda _: None)
+    outcomes: list[BaseException | str] = [ConnectionError("blip"), ConnectionError("blip"), "ok"]
+
+    def call() -> str:
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def never(exc: BaseException, attempts: int) -> RendezvousConnectionError:
+        raise AssertionError("a recovered call must not fail")
+
+    transient = lambda e: isinstance(e, ConnectionError)  # noqa: E731
+    assert remote.with_retries(call, retries=2, transient=transient, fail=never) == "ok"
+    with pytest.raises(KeyError):  # not transient: raised at once, unchanged
+        remote.with_retries(_missing_key, retries=5, transient=transient, fail=never)
