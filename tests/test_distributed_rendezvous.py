@@ -440,6 +440,31 @@ def test_long_partition_fails_with_connection_error(
         proxy.resume()
 
 
+def test_garbage_written_while_nodes_wait(backend: Backend) -> None:
+    url, run = backend.url(), f"run{uuid.uuid4().hex[:8]}"
+    store = open_store(url)
+    key = f"rdzv/{run}/state"
+    with nodes() as started:
+        started += [Node(url, run, 3, 3).start() for _ in range(2)]  # the round needs 3
+        end = time.monotonic() + NODE_JOIN_S
+        data = store.get(key) if store.check([key]) else None
+        while data is None or len(decode(data).participants) < 2:  # bounded by NODE_JOIN_S
+            assert time.monotonic() < end, "the two nodes never joined"
+            store.wait_for_change(key, data, MAX_WAIT)
+            data = store.get(key) if store.check([key]) else None
+        store.set(key, b"{not json")  # e.g. another tool writing under our prefix
+        for node in started:
+            node.join()  # woken by the change, not by their join deadline (30 s)
+            assert isinstance(node.error, RendezvousStateError), node.error
+            assert "delete the key" in str(node.error)
+        assert store.get(key) == b"{not json"  # left as found, for inspection
+        assert store.delete_key(key) is True
+        retry = [Node(url, run, 3, 3).start() for _ in range(3)]
+        started += retry
+        assert _ranks(retry) == [0, 1, 2]
+    getattr(store, "close", lambda: None)()
+
+
 def test_garbage_in_the_rendezvous_key(backend: Backend) -> None:
     url, run = backend.url(), f"run{uuid.uuid4().hex[:8]}"
     store = open_store(url)
