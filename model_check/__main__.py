@@ -78,6 +78,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--close-timeout", type=int, default=2, help="ticks")
     p.add_argument("--heartbeat-timeout", type=int, default=1, help="ticks")
     p.add_argument("--max-states", type=int, default=None, help="unique-state bound (default none)")
+    p.add_argument(
+        "--max-depth",
+        type=int,
+        default=None,
+        help="exhaustive: check every run of at most this many moves (bounded model "
+        "checking; default none: the whole space)",
+    )
     p.add_argument("--no-symmetry", action="store_true")
     p.add_argument(
         "--keep-going",
@@ -142,6 +149,11 @@ def build_config(ns: argparse.Namespace) -> tuple[ModelConfig, dict[str, Any]]:
         max_states = 0
     if max_states < 0:
         raise UsageError(f"--max-states must be >= 0, got {max_states}")
+    max_depth = ns.max_depth if ns.max_depth is not None else 0
+    if max_depth < 0:
+        raise UsageError(f"--max-depth must be >= 0, got {max_depth}")
+    if max_depth and ns.mode != "exhaustive":
+        raise UsageError("--max-depth bounds the exhaustive search; random mode uses --steps")
     variant = _variant(ns.protocol)
     try:
         cfg = ModelConfig(
@@ -204,6 +216,8 @@ def build_config(ns: argparse.Namespace) -> tuple[ModelConfig, dict[str, Any]]:
         "cache": f"{settings.cache_duration}ms",
         "max_states": max_states or "none",
     }
+    if max_depth:  # only then, so that every other run's first line stays as it was
+        params["max_depth"] = max_depth
     return cfg, params
 
 
@@ -392,6 +406,7 @@ def _main(args: list[str]) -> int:
             stop_on_violation=not ns.keep_going,
             violations_out=found,
             max_states=int(params["max_states"]) if params["max_states"] != "none" else 0,
+            max_depth=int(params.get("max_depth", 0)),
             progress=progress,
         )
         complete = not result.truncated
@@ -446,8 +461,17 @@ def _main(args: list[str]) -> int:
             print(f"trace: {trace_path}")
             print(f"replay: {replay_cmd}")
         elif not complete:
+            state_bound = params["max_states"] != "none"
+            if state_bound and result.unique >= int(params["max_states"]):
+                bound = f"--max-states={params['max_states']}"
+            else:
+                bound = (
+                    f"--max-depth={params['max_depth']} (every run of at most that many "
+                    "moves was checked; livelock and calls_end_as_specified need the whole "
+                    "space and were not decided)"
+                )
             print(
-                f"BOUND REACHED: --max-states={params['max_states']} stopped the search before "
+                f"BOUND REACHED: {bound} stopped the search before "
                 "it was exhaustive; no violation in the explored part"
             )
         if ns.mode == "random":

@@ -65,13 +65,20 @@ def explore(
     *,
     symmetry: bool = True,
     max_states: int = 0,
+    max_depth: int = 0,
     progress: ProgressFn | None = None,
     keep_fingerprints: bool = False,
     stop_on_violation: bool = True,
     violations_out: list[tuple[Violation, list[Move]]] | None = None,
     visit: Callable[[World], None] | None = None,
 ) -> Result:
-    """Breadth-first search of every world reachable from the initial one."""
+    """Breadth-first search of every world reachable from the initial one.
+
+    ``max_depth`` (0: none) bounds the search to runs of at most that many moves: every
+    world they reach and every move they make is checked for the safety properties, but
+    the search is then not exhaustive (``Result.truncated``, unless no world at the bound
+    can move) and the graph properties (livelock, calls end as specified), which need the
+    whole graph, are not decided."""
     canon = Canon(cfg)
 
     def plain(world: World) -> bytes:
@@ -126,7 +133,12 @@ def explore(
             result.unique += 1
             if visit is not None:
                 visit(out.world)
-            queue.append((out.world, child, depth + 1))
+            if max_depth and depth + 1 >= max_depth and enabled(out.world, cfg):
+                # A world at the depth bound: checked when it was made, never expanded.
+                result.truncated = True
+                result.depth = max(result.depth, depth + 1)
+            else:
+                queue.append((out.world, child, depth + 1))
             if max_states and result.unique >= max_states:
                 result.truncated = True
                 return _finish(result, start, canon, parents, keep_fingerprints)
@@ -142,6 +154,8 @@ def explore(
                     "states/s": result.states / max(now - start, 1e-9),
                 }
             )
+    if result.truncated:  # a depth bound: the graph is partial, its properties undecided
+        return _finish(result, start, canon, parents, keep_fingerprints)
     if result.violation is None or not stop_on_violation:
         entry = _cycle_entry(timeless)
         if entry is not None:

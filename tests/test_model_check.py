@@ -354,6 +354,36 @@ def test_a_short_walk_is_continued_long_enough_to_decide_its_end(
     assert (settle_limit(2), settle_limit(16), settle_limit(1024)) == (2000, 4000, 20_000)
 
 
+def test_max_depth_checks_every_run_up_to_the_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    crash = ["--nodes", "2", "--min-nodes", "2", "--crash", "1", "--quiet"]
+    # Weakness 2 needs 14 moves: a bound of 13 cannot see it and says so, 14 finds it.
+    assert main([*crash, "--max-depth", "13"]) == 3
+    out = capsys.readouterr().out
+    assert "BOUND REACHED: --max-depth=13" in out and "depth=13" in out
+    assert main([*crash, "--max-depth", "14"]) == 1
+    assert "VIOLATION dead_member_unreported" in capsys.readouterr().out
+    # A bound beyond the whole space changes nothing: complete, same worlds, graph checked.
+    whole = explore(_cfg(nodes=2, min_nodes=1, max_nodes=2))
+    bounded = explore(_cfg(nodes=2, min_nodes=1, max_nodes=2), max_depth=whole.depth + 1)
+    assert not bounded.truncated and bounded.unique == whole.unique
+    cut = explore(_cfg(nodes=2, min_nodes=1, max_nodes=2), max_depth=whole.depth - 1)
+    assert cut.truncated and cut.unique < whole.unique
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-depth", "-1"], "--max-depth must be >= 0, got -1"),
+        (["--mode", "random", "--max-depth", "3"], "random mode uses --steps"),
+    ],
+)
+def test_bad_max_depth_is_a_usage_error(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_the_default_run_holds_every_property(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--nodes", "8", "--quiet"]) == 0
     assert "result=complete" in capsys.readouterr().out
