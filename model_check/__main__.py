@@ -1,8 +1,9 @@
 """``python -m model_check``: explore the protocol and print a reproduction recipe.
 
 Exit codes: 0 every property holds in the explored space, 1 a violation was found (or a
-replayed trace reproduced its violation), 2 bad usage, 3 a ``--max-states`` bound cut the
-search before it was exhaustive and no violation was found in the explored part.
+replayed trace reproduced its violation), 2 bad usage, 3 a ``--max-states`` or
+``--max-depth`` bound cut the search before it was exhaustive and no violation was found
+in the explored part.
 
 ``python -m model_check prove ...`` hands over to :mod:`model_check.prove` when that
 module is installed.
