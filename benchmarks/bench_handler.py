@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,22 @@ class Result:
     cas: int
     conflicts: int
     reads: int
+
+
+def parse_sizes(
+    parser: argparse.ArgumentParser, text: str | None, default: Sequence[int]
+) -> list[int]:
+    """The N values of a ``--sizes`` flag (``default`` when it is not given); a flag that
+    is not comma-separated positive integers is a usage error (exit 2)."""
+    if not text:
+        return list(default)
+    try:
+        sizes = [int(s) for s in text.split(",") if s]
+    except ValueError:
+        parser.error(f"--sizes must be comma-separated integers, e.g. 8,32; got {text!r}")
+    if not sizes or any(n < 1 for n in sizes):
+        parser.error(f"--sizes {text!r}: every size must be >= 1")
+    return sizes
 
 
 # -- rdzv ------------------------------------------------------------------------------------------
@@ -252,16 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stores", default="memory,sqlite", help="memory,sqlite")
     parser.add_argument("--no-torch", action="store_true", help="skip torch even if importable")
     args = parser.parse_args(argv)
-    try:
-        sizes = (
-            [int(s) for s in args.sizes.split(",")]
-            if args.sizes
-            else list(FULL_SIZES if args.full else SHORT_SIZES)
-        )
-    except ValueError:
-        parser.error(f"--sizes must be comma-separated integers, got {args.sizes!r}")
-    if any(n < 1 for n in sizes):
-        parser.error("every size must be >= 1")
+    sizes = parse_sizes(parser, args.sizes, FULL_SIZES if args.full else SHORT_SIZES)
     modes = [m for m in args.modes.split(",") if m]
     stores = [s for s in args.stores.split(",") if s]
     for m in modes:

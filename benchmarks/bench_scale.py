@@ -965,16 +965,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in saved:
             print(text_line(row))
         return report(saved, args)
-    try:
-        sizes = (
-            [int(s) for s in args.sizes.split(",") if s]
-            if args.sizes
-            else list(QUICK_SIZES if args.quick else SIZES)
-        )
-    except ValueError:
-        parser.error(f"--sizes must be comma-separated integers, got {args.sizes!r}")
-    if not sizes or any(n < 1 for n in sizes):
-        parser.error("every size must be >= 1")
+    sizes = bench_handler.parse_sizes(parser, args.sizes, QUICK_SIZES if args.quick else SIZES)
     if args.cap <= 0:
         parser.error(f"--cap must be a positive number of seconds, got {args.cap}")
     if args.procs is not None and args.procs < 1:

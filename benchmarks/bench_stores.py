@@ -30,7 +30,7 @@ for extra in (ROOT, ROOT / "tests", ROOT / "benchmarks"):
     if str(extra) not in sys.path:  # run from a checkout without installing
         sys.path.insert(0, str(extra))
 
-from bench_handler import rdzv_threads  # noqa: E402
+from bench_handler import parse_sizes, rdzv_threads  # noqa: E402
 
 SIZES = (8, 32, 128)
 STORES = ("memory", "sqlite", "redis", "etcd")
@@ -98,18 +98,13 @@ def time_ops(url: str) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    parser.add_argument("--sizes", help="comma-separated N values (default 8,32,128)")
     parser.add_argument("--stores", default=",".join(STORES))
     parser.add_argument(
         "--protocols", default=",".join(PROTOCOLS), help="variant names, comma-separated"
     )
     args = parser.parse_args(argv)
-    try:
-        sizes = [int(s) for s in args.sizes.split(",")]
-    except ValueError:
-        parser.error(f"--sizes {args.sizes!r}: pass comma-separated integers, e.g. 8,32")
-    if not sizes or min(sizes) < 1:
-        parser.error(f"--sizes {args.sizes!r}: every size must be >= 1")
+    sizes = parse_sizes(parser, args.sizes, SIZES)
     stores = tuple(args.stores.split(","))
     protocols = tuple(args.protocols.split(","))
     from spec import get_variant
