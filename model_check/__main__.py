@@ -462,15 +462,13 @@ def _main(args: list[str]) -> int:
             print(f"trace: {trace_path}")
             print(f"replay: {replay_cmd}")
         elif not complete:
-            state_bound = params["max_states"] != "none"
-            if state_bound and result.unique >= int(params["max_states"]):
-                bound = f"--max-states={params['max_states']}"
-            else:
-                bound = (
-                    f"--max-depth={params['max_depth']} (every run of at most that many "
-                    "moves was checked; livelock and calls_end_as_specified need the whole "
-                    "space and were not decided)"
-                )
+            bound = (
+                f"--max-states={params['max_states']}"
+                if result.bound == "max_states"
+                else f"--max-depth={params['max_depth']} (every run of at most that many "
+                "moves was checked; livelock and calls_end_as_specified need the whole "
+                "space and were not decided)"
+            )
             print(
                 f"BOUND REACHED: {bound} stopped the search before "
                 "it was exhaustive; no violation in the explored part"

@@ -49,7 +49,9 @@ class Result:
     violation: Violation | None = None
     path: list[Move] = field(default_factory=list)
     truncated: bool = False
-    """True when --max-states stopped the search before it was exhaustive."""
+    """True when a bound stopped the search before it was exhaustive."""
+    bound: str = ""
+    """Which bound did (``"max_states"`` or ``"max_depth"``)."""
     fallbacks: int = 0
     episodes: int = 0
     fingerprints: set[bytes] | None = None
@@ -135,12 +137,12 @@ def explore(
                 visit(out.world)
             if max_depth and depth + 1 >= max_depth and enabled(out.world, cfg):
                 # A world at the depth bound: checked when it was made, never expanded.
-                result.truncated = True
+                result.truncated, result.bound = True, "max_depth"
                 result.depth = max(result.depth, depth + 1)
             else:
                 queue.append((out.world, child, depth + 1))
             if max_states and result.unique >= max_states:
-                result.truncated = True
+                result.truncated, result.bound = True, "max_states"
                 return _finish(result, start, canon, parents, keep_fingerprints)
         now = time.monotonic()
         if progress is not None and now - last_report >= 1.0:
