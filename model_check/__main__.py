@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import spec
-from model_check.explore import Result, doomed_from, explore, on_timeless_cycle, replay
+from model_check.explore import (
+    Result,
+    doomed_from,
+    explore,
+    on_timeless_cycle,
+    replay,
+    settle_limit,
+)
 from model_check.model import (
     CALLS_END,
     Faults,
@@ -357,9 +364,14 @@ def _replay_main(path_text: str, ns_json: bool) -> int:
     return 0
 
 
-def _ends(result: Result) -> dict[str, int]:
+def _ends(result: Result, cfg: ModelConfig) -> dict[str, int]:
     checked, undecided = result.ends
-    return {"checked": checked, "undecided": undecided}
+    return {
+        "checked": checked,
+        "undecided": undecided,
+        "longest_continuation": result.settle_moves,
+        "continuation_bound": settle_limit(cfg.nodes),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -443,7 +455,7 @@ def _main(args: list[str]) -> int:
             "depth": result.depth,
             "sec": round(result.seconds, 3),
             "complete": complete,
-            "random_ends": None if ns.mode == "exhaustive" else _ends(result),
+            "random_ends": None if ns.mode == "exhaustive" else _ends(result, cfg),
             "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         }
         print(json.dumps(doc, sort_keys=True))
@@ -474,8 +486,12 @@ def _main(args: list[str]) -> int:
                 "it was exhaustive; no violation in the explored part"
             )
         if ns.mode == "random":
-            ends = _ends(result)
-            print(f"{CALLS_END}: walk ends checked={ends['checked']} undecided={ends['undecided']}")
+            ends = _ends(result, cfg)
+            print(
+                f"{CALLS_END}: walk ends checked={ends['checked']} "
+                f"undecided={ends['undecided']} (longest continuation "
+                f"{ends['longest_continuation']} of {ends['continuation_bound']} moves)"
+            )
         print(summary_line(result, complete=complete))
     if result.violation is not None:
         return 1

@@ -218,13 +218,31 @@ _RECORDS: dict[tuple[object, bool, bool], _Record] = {}
 holds :data:`CACHE_LIMIT` entries."""
 
 
+_BY_OBJECT: dict[int, tuple[object, bool, bool, _Record]] = {}
+"""The same records found by the identity of the process or store bytes they were built
+from: a move changes one process, and the others are the very objects of the world before,
+so looking them up this way skips hashing their whole contents. Each entry keeps its
+object alive, so an ``id`` cannot be reused while its entry stands."""
+
+_PLAIN: dict[int, tuple[_Record, bytes]] = {}
+"""Each record's digest under the identities as they are (:func:`plain_fingerprint`), by
+the record's identity (the record is kept alive by its entry)."""
+
+
 def _cached(key: tuple[object, bool, bool], build: Callable[[], _Record]) -> _Record:
+    obj, ranks, keep = key
+    hit = _BY_OBJECT.get(id(obj))
+    if hit is not None and hit[0] is obj and hit[1] == ranks and hit[2] == keep:
+        return hit[3]
     rec = _RECORDS.get(key)
     if rec is None:
         if len(_RECORDS) >= CACHE_LIMIT:
             _RECORDS.clear()
         rec = build()
         _RECORDS[key] = rec
+    if len(_BY_OBJECT) >= CACHE_LIMIT:
+        _BY_OBJECT.clear()
+    _BY_OBJECT[id(obj)] = (obj, ranks, keep, rec)
     return rec
 
 
@@ -262,22 +280,35 @@ def _digest(enc: object) -> bytes:
 
 
 def plain_fingerprint(world: World, cfg: ModelConfig) -> bytes:
-    """Fingerprint without symmetry reduction: process slots and identities as they are."""
-    return _digest(plain_encoding(world, cfg))
+    """Fingerprint without symmetry reduction: process slots and identities as they are.
+
+    The digest of the records (each labelled with its identities as they are and digested
+    on its own, cached per record, so a move that changes one process re-encodes one
+    record), the faults used and the shutdowns: lossless, like the reduced encoding."""
+    fixed, procs = _records(world, cfg, True)
+    return _digest(
+        (
+            tuple(None if rec is None else _plain_digest(rec) for rec in fixed),
+            tuple(_plain_digest(rec) for rec in procs),
+            world.used,
+            world.closes,
+        )
+    )
+
+
+def _plain_digest(rec: _Record) -> bytes:
+    hit = _PLAIN.get(id(rec))
+    if hit is not None and hit[0] is rec:
+        return hit[1]
+    digest = _digest(_labelled(rec, _identity))
+    if len(_PLAIN) >= CACHE_LIMIT:
+        _PLAIN.clear()
+    _PLAIN[id(rec)] = (rec, digest)
+    return digest
 
 
 def _identity(n: NodeId) -> Label:
     return (n.addr, n.pid, n.local_id)
-
-
-def plain_encoding(world: World, cfg: ModelConfig) -> tuple[object, ...]:
-    fixed, procs = _records(world, cfg, True)
-    return (
-        tuple(None if rec is None else _labelled(rec, _identity) for rec in fixed),
-        tuple(_labelled(p, _identity) for p in procs),
-        world.used,
-        world.closes,
-    )
 
 
 # -- canonical labelling ---------------------------------------------------------------------

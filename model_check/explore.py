@@ -59,7 +59,10 @@ class Result:
     ends: tuple[int, int] = (0, 0)
     """Random mode, general liveness property: walks whose end was decided (a world where
     nothing can move, or a cut-off walk settled by its continuation without faults), and
-    walks whose continuation did not settle within :data:`SETTLE_MOVES` (undecided)."""
+    walks whose continuation did not settle within :func:`settle_limit` moves (undecided)."""
+    settle_moves: int = 0
+    """Random mode: the most moves of continuation any decided walk end took (0 when
+    every walk ended where nothing could move); compare with :func:`settle_limit`."""
 
 
 def explore(
@@ -371,11 +374,20 @@ SETTLE_MOVES = 2000
 random walk."""
 SETTLE_MOVES_PER_PROCESS = 250
 """More continuation for more processes: every process needs a few moves per tick to keep
-going, and a round needs a few ticks to settle (hardened, N = 64 with every fault: about
-130 per process after 3,000 moves)."""
+going, and a round needs a few ticks to settle (hardened with every fault, 3,000 moves:
+about 7 per process at N = 64 and 16 at N = 256 with :data:`RUN_MOVES`; 130 per process
+at N = 64 when each process got one move per turn)."""
 SETTLE_MOVES_MAX = 20_000
 """Most moves of continuation, whatever the processes: at N = 256 a move costs tens of
-milliseconds, and 64,000 moves (26 minutes) did not settle a hardened walk either."""
+milliseconds."""
+
+RUN_MOVES = 64
+"""Most consecutive moves the continuation gives one process before serving the next.
+Serving each process until it waits, instead of one move per process in turn, keeps its
+compare-and-sets from all losing to each other: round-robin by single moves lets every
+process read before any writes, so only one write per pass wins and a tick costs O(N^2)
+moves (hardened, N = 64 with every fault, 3,000 moves: 8,440 moves of continuation
+against 465; N = 256 did not settle within 64,000)."""
 
 _SETTLE_KINDS = ("io", "wake", "start", "tick")
 """Moves of the continuation, in order of preference: serve processes before starting
@@ -394,12 +406,13 @@ def _check_end(
 
     A world where nothing can move is checked as it is. A walk cut off by ``--steps`` is
     continued without further faults by a fair round-robin scheduler (every process served in
-    turn, time advancing only when nobody can move) until it reaches an acceptable world,
+    turn until it waits, at most :data:`RUN_MOVES` moves at a time; time advancing only when
+    nobody can move) until it reaches an acceptable world,
     a world where nothing can move, a world it has already visited (then
     :func:`doomed_from` decides) or :func:`settle_limit` moves (then undecided).
     """
     extra: list[Move] = []
-    turn = 0
+    turn = run = 0
     ticked = False
     visited: set[tuple[bytes, int]] = set()
     """Worlds right after a tick (a cycle of the continuation passes one, unless it is a
@@ -409,6 +422,7 @@ def _check_end(
         problems = unfinished_calls(world, cfg)
         if not problems:
             ends[0] += 1
+            result.settle_moves = max(result.settle_moves, len(extra))
             return False
         key = (plain_fingerprint(world, cfg), turn) if not extra or ticked else None
         if key is not None and key in visited:
@@ -418,6 +432,7 @@ def _check_end(
                 ends[1] += 1  # an acceptable world is reachable, or the bound was hit
                 return False
             ends[0] += 1
+            result.settle_moves = max(result.settle_moves, len(extra))
             result.violation = calls_end_violation(problems_here)
             result.path = [*path, *extra]
             return True
@@ -426,13 +441,22 @@ def _check_end(
         moves = [m for m in enabled(world, cfg) if m.kind in _SETTLE_KINDS]
         if not moves:
             ends[0] += 1
+            result.settle_moves = max(result.settle_moves, len(extra))
             result.violation = calls_end_violation(problems)
             result.path = [*path, *extra]
             return True
         if len(extra) == limit:
             break
         move = _round_robin(moves, turn, len(world.procs))
-        turn = move.slot + 1
+        # Stay with this process until it waits or has had its run; after a tick, start
+        # again from slot 0, so the scheduler's state right after a tick is fixed.
+        if move.kind == "tick":
+            turn, run = 0, 0
+        else:
+            run = run + 1 if move.slot == turn else 1
+            turn = move.slot
+            if run >= RUN_MOVES:
+                turn, run = move.slot + 1, 0
         out = apply(world, move, cfg)
         extra.append(move)
         if out.violations:

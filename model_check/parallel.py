@@ -30,6 +30,7 @@ def random_worker(job: tuple[list[str], int, int, int]) -> dict[str, Any]:
         "depth": r.depth,
         "episodes": r.episodes,
         "ends": list(r.ends),
+        "settle_moves": r.settle_moves,
         "violation": None if r.violation is None else [r.violation.name, r.violation.message],
         "moves": [[m.kind, m.slot] for m in r.path],
     }
@@ -51,6 +52,7 @@ def run_random(steps: int, workers: int, seed: int, argv: list[str]) -> Result:
         merged.depth = max(merged.depth, o["depth"])
         merged.episodes += o["episodes"]
         merged.ends = (merged.ends[0] + o["ends"][0], merged.ends[1] + o["ends"][1])
+        merged.settle_moves = max(merged.settle_moves, o["settle_moves"])
         if merged.violation is None and o["violation"] is not None:
             merged.violation = Violation(*o["violation"])
             merged.path = [Move(k, s) for k, s in o["moves"]]

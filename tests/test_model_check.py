@@ -40,6 +40,7 @@ from model_check.model import (
     Move,
     Pc,
     Proc,
+    STALE_SIGHTING,
     Returned,
     Violation,
     World,
@@ -354,6 +355,30 @@ def test_a_short_walk_is_continued_long_enough_to_decide_its_end(
     assert (settle_limit(2), settle_limit(16), settle_limit(1024)) == (2000, 4000, 20_000)
 
 
+def test_the_continuation_serves_each_process_until_it_waits(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # One move per process in turn lets all of them read before any writes, so all but one
+    # compare-and-set of each pass lose: 1,183 moves to settle this walk's end, against 184
+    # when each process runs until it waits. The output says how long the end took.
+    args = ["--protocol", "hardened", "--mode", "random", "--nodes", "32", "--steps", "200"]
+    faults = ["--seed", "1", "--crash", "1", "--cas-unknown", "1", "--quiet"]
+    assert main([*args, *faults]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith(f"{CALLS_END}: walk ends"))
+    took = int(line.split("longest continuation ")[1].split()[0])
+    assert "checked=1 undecided=0" in line and f"of {settle_limit(32)} moves" in line
+    assert 0 < took < 400
+    assert main([*args, *faults, "--json"]) == 0
+    ends = json.loads(capsys.readouterr().out)["random_ends"]
+    assert ends == {
+        "checked": 1,
+        "undecided": 0,
+        "longest_continuation": took,
+        "continuation_bound": settle_limit(32),
+    }
+
+
 def test_max_depth_checks_every_run_up_to_the_bound(capsys: pytest.CaptureFixture[str]) -> None:
     crash = ["--nodes", "2", "--min-nodes", "2", "--crash", "1", "--quiet"]
     # Weakness 2 needs 14 moves: a bound of 13 cannot see it and says so, 14 finds it.
@@ -545,6 +570,36 @@ def test_abstraction_commutes_with_every_move(
             ), (world, move)
             assert [v.name for v in full.violations] == [v.name for v in reduced.violations]
     assert changed > 0  # the case does reach worlds the abstraction changes
+
+
+@pytest.mark.parametrize(
+    "cfg", [c.values[0] for c in ABSTRACTION_CASES if c.values[1] == "forget_stale"]
+)
+def test_forgetting_after_a_move_looks_at_what_changed_and_misses_nothing(
+    cfg: ModelConfig,
+) -> None:
+    """A move forgets only in the processes it changed and in entries of nodes whose stored
+    heartbeat changed; forgetting over every process and entry afterwards finds nothing
+    more, in every world the search reaches (it would find the entries missed)."""
+    worlds: list[World] = []
+    explore(cfg, symmetry=False, visit=worlds.append, stop_on_violation=False)
+    elsewhere = 0
+    """Moves that made another process's sighting stale (by writing a heartbeat)."""
+    for world in worlds:
+        for move in enabled(world, cfg):
+            after = apply(world, move, cfg).world
+            assert _forgotten(after, cfg) == after, (world, move)
+            if move.kind != "tick":
+                elsewhere += any(
+                    _stale(q) > _stale(p)
+                    for slot, (p, q) in enumerate(zip(world.procs, after.procs, strict=True))
+                    if slot != move.slot
+                )
+    assert elsewhere > 0
+
+
+def _stale(p: Proc) -> int:
+    return sum(v == STALE_SIGHTING for _, v, _ in p.local.seen_beats)
 
 
 def test_rotating_beat_values_shrinks_the_search_and_is_off_where_inexact() -> None:
