@@ -35,12 +35,12 @@ from model_check.explore import (
 )
 from model_check.model import (
     CALLS_END,
+    STALE_SIGHTING,
     Faults,
     ModelConfig,
     Move,
     Pc,
     Proc,
-    STALE_SIGHTING,
     Returned,
     Violation,
     World,
