@@ -469,15 +469,24 @@ _SIGHTED: dict[int, tuple[object, dict[NodeId, int]]] = {}
 """Each ``seen_beats`` tuple as a mapping node -> value seen, by the tuple's identity
 (kept alive by its entry): a process's sightings outlive many moves unchanged."""
 
+SIGHTED_ENTRIES = 1_000_000
+"""Most sightings :data:`_SIGHTED` holds in all before it is cleared (about 100 MB): at
+N = 256 one heartbeat can make a sighting stale in every other process, and so renew all
+their tuples."""
+
+_sighted_entries = [0]
+
 
 def _sighted(seen: tuple[tuple[NodeId, int, int], ...]) -> dict[NodeId, int]:
     hit = _SIGHTED.get(id(seen))
     if hit is not None and hit[0] is seen:
         return hit[1]
-    if len(_SIGHTED) >= CACHE_LIMIT:
+    if _sighted_entries[0] + len(seen) > SIGHTED_ENTRIES:
         _SIGHTED.clear()
+        _sighted_entries[0] = 0
     values = {n: v for n, v, _ in seen}
     _SIGHTED[id(seen)] = (seen, values)
+    _sighted_entries[0] += len(seen)
     return values
 
 
