@@ -53,6 +53,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from functools import partial
 
 from model_check.model import CACHE_LIMIT, ModelConfig, Pc, Proc, World, decode_cached
 from spec import NodeId, Phase, RendezvousState
@@ -229,34 +230,42 @@ _PLAIN: dict[int, tuple[_Record, bytes]] = {}
 the record's identity (the record is kept alive by its entry)."""
 
 
-def _cached(key: tuple[object, bool, bool], build: Callable[[], _Record]) -> _Record:
+def _cached(
+    key: tuple[object, bool, bool], build: Callable[[], _Record], by_object: bool
+) -> _Record:
     obj, ranks, keep = key
-    hit = _BY_OBJECT.get(id(obj))
-    if hit is not None and hit[0] is obj and hit[1] == ranks and hit[2] == keep:
-        return hit[3]
+    if by_object:
+        hit = _BY_OBJECT.get(id(obj))
+        if hit is not None and hit[0] is obj and hit[1] == ranks and hit[2] == keep:
+            return hit[3]
     rec = _RECORDS.get(key)
     if rec is None:
         if len(_RECORDS) >= CACHE_LIMIT:
             _RECORDS.clear()
         rec = build()
         _RECORDS[key] = rec
-    if len(_BY_OBJECT) >= CACHE_LIMIT:
-        _BY_OBJECT.clear()
-    _BY_OBJECT[id(obj)] = (obj, ranks, keep, rec)
+    if by_object:
+        if len(_BY_OBJECT) >= CACHE_LIMIT:
+            _BY_OBJECT.clear()
+        _BY_OBJECT[id(obj)] = (obj, ranks, keep, rec)
     return rec
 
 
 def _records(
-    world: World, cfg: ModelConfig, ranks: bool
+    world: World, cfg: ModelConfig, ranks: bool, by_object: bool = False
 ) -> tuple[list[_Record | None], list[_Record]]:
     """The world's records: those with a fixed place (the store, the announcement sets,
     the heartbeat keys; None if absent) and one per process (interchangeable, except for
-    what they hold)."""
+    what they hold). ``by_object``: look records up by object identity first (walks, where
+    each world is the last one with one process changed; a breadth-first search jumps
+    between worlds, so there it costs more than it saves)."""
     data = world.store
     store = (
         None
         if data is None
-        else _cached((data, ranks, True), lambda: _store_record(decode_cached(data), ranks))
+        else _cached(
+            (data, ranks, True), lambda: _store_record(decode_cached(data), ranks), by_object
+        )
     )
     announced = _announcements_record(world.announced) if world.announced else None
     beats = (
@@ -267,7 +276,7 @@ def _records(
     procs = []
     for p in world.procs:
         keep = relevant_view(p, world, cfg)
-        procs.append(_cached((p, ranks, keep), lambda: _proc_record(p, ranks, keep)))  # noqa: B023
+        procs.append(_cached((p, ranks, keep), partial(_proc_record, p, ranks, keep), by_object))
     return [store, announced, beats], procs
 
 
@@ -285,7 +294,7 @@ def plain_fingerprint(world: World, cfg: ModelConfig) -> bytes:
     The digest of the records (each labelled with its identities as they are and digested
     on its own, cached per record, so a move that changes one process re-encodes one
     record), the faults used and the shutdowns: lossless, like the reduced encoding."""
-    fixed, procs = _records(world, cfg, True)
+    fixed, procs = _records(world, cfg, True, by_object=True)
     return _digest(
         (
             tuple(None if rec is None else _plain_digest(rec) for rec in fixed),
