@@ -63,6 +63,8 @@ from spec import (
     StartOp,
     Variant,
     Wait,
+    Withdraw,
+    Withdrawn,
     WokeUp,
 )
 
@@ -347,6 +349,7 @@ _IO_PHASES = frozenset(
         Phase.WRITING,
         Phase.ANNOUNCING,
         Phase.READING_ANNOUNCED,
+        Phase.WITHDRAWING,
         Phase.BEATING,
         Phase.WATCHING,
     }
@@ -613,6 +616,13 @@ class _Run:
             members = tuple(spec.encode_node(n) for r, n in self.announced if r == local.view.round)
             self.feed(slot, AnnouncedMembers(members, now))
             return
+        if local.phase is Phase.WITHDRAWING:
+            entry = (local.view.round, p.ident)
+            if entry in self.announced:
+                self.announced = tuple(e for e in self.announced if e != entry)
+                self.note(f"announcements -> {p.ident} out of round {local.view.round}")
+            self.feed(slot, Withdrawn(now))
+            return
         assert local.phase is Phase.WRITING
         request = CompareAndSet(self.mcfg.key, encode_cached(local.view), local.token)
         current = None if self.store is None else 1
@@ -670,7 +680,15 @@ class _Run:
                 event = ReadResult(self.store, None if self.store is None else 1, self.now(p))
                 continue
             if isinstance(
-                request, Read | CompareAndSet | Wait | Announce | ReadAnnounced | Beat | ReadBeats
+                request,
+                Read
+                | CompareAndSet
+                | Wait
+                | Announce
+                | ReadAnnounced
+                | Withdraw
+                | Beat
+                | ReadBeats,
             ):
                 return
             nxt = self.after_op(slot, request)

@@ -418,6 +418,13 @@ def _announced(w: World, c: SymContext) -> Z:
     return w.z3.And(c.announce_size >= 1, c.announce_age <= c.settings.keep_alive_interval)
 
 
+def _in_announcements(w: World, c: SymContext) -> Z:
+    # Size 0 stands for "not announced" (the concrete context's None).
+    if c.announce_size is None:
+        return w.z3.BoolVal(False)
+    return c.announce_size >= 1
+
+
 def _fold_due(w: World, c: SymContext) -> Z:
     z3 = w.z3
     if c.announce_size is None or c.announce_age is None:
@@ -455,6 +462,7 @@ ATOM_FORMULAS: Mapping[Atom, Callable[[World, SymContext], Z]] = {
         c.state.beats[c.node] <= c.wall_now - c.settings.keep_alive_interval,
     ),
     Atom.ANNOUNCED: _announced,
+    Atom.IN_ANNOUNCEMENTS: _in_announcements,
     Atom.FOLD_DUE: _fold_due,
     Atom.BEAT_DUE: _beat_due,
     Atom.WATCH_DUE: _watch_due,

@@ -77,6 +77,11 @@ class RendezvousBackend(ABC):
         """The members of round ``round_``'s announcement set (see :meth:`announce`)."""
         raise self._cannot("announcement sets")
 
+    def withdraw(self, round_: int, member: bytes) -> None:
+        """Take ``member`` out of round ``round_``'s announcement set (a member that is
+        not there is no error; see :meth:`announce`)."""
+        raise self._cannot("announcement sets")
+
     def beat(self, node: str, value: bytes) -> None:
         """Write ``node``'s heartbeat key (variants with heartbeats under keys)."""
         raise self._cannot("heartbeat keys")
@@ -224,6 +229,13 @@ class StoreRendezvousBackend(RendezvousBackend):
         if not callable(members):
             return super().announced(round_)
         return [as_bytes(m) for m in members(self._announce_key(round_))]
+
+    def withdraw(self, round_: int, member: bytes) -> None:
+        remove_member = getattr(self._store, "remove_member", None)
+        if not callable(remove_member):
+            super().withdraw(round_, member)
+            return
+        remove_member(self._announce_key(round_), member)
 
     def beat(self, node: str, value: bytes) -> None:
         self._store.set(f"rdzv/{self._run_id}/beat/{node}", value)

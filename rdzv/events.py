@@ -40,6 +40,8 @@ from spec.machine import (
     Step,
     Token,
     Wait,
+    Withdraw,
+    Withdrawn,
     WokeUp,
 )
 
@@ -57,6 +59,7 @@ _INPUT_NAMES: dict[type, str] = {
     IoFailed: "io_failed",
     Announced: "announced",
     AnnouncedMembers: "announced_members",
+    Withdrawn: "withdrawn",
     Beaten: "beaten",
     BeatValues: "beat_values",
 }
@@ -68,6 +71,7 @@ _REQUEST_NAMES: dict[type, str] = {
     Fail: "fail",
     Announce: "announce",
     ReadAnnounced: "read_announced",
+    Withdraw: "withdraw",
     Beat: "beat",
     ReadBeats: "read_beats",
 }

@@ -83,6 +83,8 @@ from spec.machine import (
     Request,
     StartOp,
     Wait,
+    Withdraw,
+    Withdrawn,
     WokeUp,
     step,
 )
@@ -162,6 +164,8 @@ class IoStats:
     """Additions to an announcement set (announcing variants)."""
     announced_reads: int = 0
     """Reads of an announcement set (folds)."""
+    withdrawals: int = 0
+    """Announcements taken back (a join deadline passed before a fold admitted this node)."""
     beats: int = 0
     """Writes of this node's heartbeat key (heartbeats under keys)."""
     beat_reads: int = 0
@@ -290,6 +294,9 @@ class NodeDriver:
         if isinstance(request, ReadAnnounced):
             self._read_announced(request)
             return True
+        if isinstance(request, Withdraw):
+            self._withdraw(request)
+            return True
         if isinstance(request, Beat):
             self._beat(request)
             return True
@@ -349,6 +356,14 @@ class NodeDriver:
             "reading the announcement set",
             lambda: tuple(self.backend.announced(request.round)),
             AnnouncedMembers,
+        )
+
+    def _withdraw(self, request: Withdraw) -> None:
+        self.stats.withdrawals += 1
+        self._side_io(
+            "taking this node's announcement back",
+            lambda: self.backend.withdraw(request.round, request.member),
+            lambda _, now: Withdrawn(now),
         )
 
     def _beat(self, request: Beat) -> None:

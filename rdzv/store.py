@@ -33,6 +33,15 @@ themselves without contending for one key:
   in ``1..k``. Adding a member that is already there is a no-op that returns the current
   size. (A network store that retries after losing the reply returns the size at the
   retry, which may count members added in between.)
+- ``remove_member(key, member)`` takes ``member`` out of the set ``key`` and returns how
+  many members the set holds right after, in one atomic step on the server: each of
+  ``k`` concurrent callers removing distinct members of a ``k``-member set gets a
+  different size in ``0..k-1``. Removing a member that is not there, or from a set
+  never added to, is a no-op that returns the current size (0 for an absent set), so
+  the call is idempotent and a network store may send it again after losing the reply
+  (the size is then the one at the retry, which may miss members removed, or count
+  members added, in between). Removing the last member leaves an empty set:
+  ``members`` returns ``[]`` and ``add_member`` starts it again at 1.
 - ``members(key)`` lists the members in bytewise order, ``[]`` for a set never added to;
 - ``try_get(key)`` returns a plain key's value, or ``None`` at once when it is absent
   (unlike ``get``, it never waits).
@@ -41,7 +50,9 @@ Sets are a namespace of their own: a set named ``k`` and a plain key ``k`` are u
 ``get``/``check``/``wait`` never see sets, and ``num_keys`` does not count them. A member
 is 1 to :data:`MAX_MEMBER_BYTES` bytes (``str`` members are UTF-8 encoded) and a set holds
 at most :data:`MAX_SET_MEMBERS` members; beyond either bound ``add_member`` raises
-``ValueError``. :func:`require_set_store` turns a store without member sets into a clear
+``ValueError``; ``remove_member`` rejects a member or set name exactly as ``add_member``
+does (a member longer than the bound cannot be in a set, so it is an error, not a
+no-op). :func:`require_set_store` turns a store without member sets into a clear
 ``TypeError``.
 """
 
@@ -99,6 +110,10 @@ class Store(Protocol):
     def wait_for_change(self, key: str, current: bytes | None, timeout: timedelta) -> bool: ...
 
 
+SET_STORE_METHODS = ("add_member", "remove_member", "members", "try_get")
+"""The methods a :class:`SetStore` has beyond :class:`Store`."""
+
+
 @runtime_checkable
 class SetStore(Store, Protocol):
     """A :class:`Store` that also keeps member sets and answers ``try_get`` (see the
@@ -107,6 +122,12 @@ class SetStore(Store, Protocol):
     def add_member(self, key: str, member: bytes | str) -> int:
         """Put ``member`` into the set ``key`` in one atomic step; return the set's size
         right after (unchanged when ``member`` was already there)."""
+        ...
+
+    def remove_member(self, key: str, member: bytes | str) -> int:
+        """Take ``member`` out of the set ``key`` in one atomic step; return the set's
+        size right after (a member that is not there, or a set never added to, is a
+        no-op that returns the current size, 0 for an absent set)."""
         ...
 
     def members(self, key: str) -> list[bytes]:
@@ -127,9 +148,9 @@ def require_set_store(store: Store, why: str) -> SetStore:
         return store
     if isinstance(store, SetStore):
         return store
-    lacking = [m for m in ("add_member", "members", "try_get") if not hasattr(store, m)]
+    lacking = [m for m in SET_STORE_METHODS if not hasattr(store, m)]
     raise TypeError(
-        f"{why} needs a store with member sets (add_member, members, try_get), but "
+        f"{why} needs a store with member sets ({', '.join(SET_STORE_METHODS)}), but "
         f"{type(store).__module__}.{type(store).__qualname__} lacks {', '.join(lacking)}; "
         "use an rdzv store (open_store with a memory://, sqlite://, redis:// or etcd:// "
         "URL), or add these methods to your store and check it with "
@@ -201,6 +222,9 @@ class PrefixStore:
 
     def add_member(self, key: str, member: bytes | str) -> int:
         return self._sets("add_member").add_member(self._key(key), member)
+
+    def remove_member(self, key: str, member: bytes | str) -> int:
+        return self._sets("remove_member").remove_member(self._key(key), member)
 
     def members(self, key: str) -> list[bytes]:
         return self._sets("members").members(self._key(key))

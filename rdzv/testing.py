@@ -39,7 +39,7 @@ from datetime import timedelta
 
 from rdzv.clock import FakeClock
 from rdzv.errors import StoreTimeoutError
-from rdzv.store import MAX_MEMBER_BYTES, PrefixStore, SetStore, Store
+from rdzv.store import MAX_MEMBER_BYTES, SET_STORE_METHODS, PrefixStore, SetStore, Store
 from rdzv.stores import open_store
 
 __all__ = [
@@ -489,9 +489,10 @@ def _concurrent_cas(store: Store, cfg: _Config) -> None:
 
 def _sets_of(store: Store) -> SetStore:
     if not isinstance(store, SetStore):
+        lacking = [m for m in SET_STORE_METHODS if not hasattr(store, m)]
         raise _Broken(
-            f"{type(store).__name__} lacks add_member/members/try_get (check_store(sets=True) "
-            "requires member sets)"
+            f"{type(store).__name__} lacks {'/'.join(lacking)} (check_store(sets=True) "
+            f"requires member sets: {', '.join(SET_STORE_METHODS)})"
         )
     return store
 
@@ -603,6 +604,27 @@ def _member_bounds(plain: Store, cfg: _Config) -> None:
         "a bytes set name",
     )
     _expect_eq(store.members("s"), [b"ok"], "members() after rejected adds (nothing stored)")
+    # remove_member() validates exactly as add_member() does (a bad member is an error,
+    # not a no-op that hides the caller's bug).
+    _expect_rejected(
+        lambda: store.remove_member("s", too_long), ValueError, bound, "removing a 1025-byte member"
+    )
+    _expect_rejected(
+        lambda: store.remove_member("s", b""), ValueError, bound, "removing an empty member"
+    )
+    _expect_rejected(
+        lambda: store.remove_member("s", bad),  # type: ignore[arg-type]
+        TypeError,
+        "int",
+        "removing an int member",
+    )
+    _expect_rejected(
+        lambda: store.remove_member(bad_key, b"ok"),  # type: ignore[arg-type]
+        TypeError,
+        "bytes",
+        "removing from a bytes set name",
+    )
+    _expect_eq(store.members("s"), [b"ok"], "members() after rejected removes (nothing removed)")
 
 
 def _concurrent_add_member(plain: Store, cfg: _Config) -> None:
@@ -627,12 +649,107 @@ def _concurrent_add_member(plain: Store, cfg: _Config) -> None:
     _expect_eq(store.add_member("joined", b"t0.0"), n * m, "re-adding a member afterwards")
 
 
+def _remove_member(plain: Store, cfg: _Config) -> None:
+    store = _sets_of(plain)
+    _expect_eq(store.remove_member("s", b"a"), 0, "remove_member() from a set never added to")
+    _expect_eq(store.members("s"), [], "members() after a remove_member() from an absent set")
+    for member in (b"a", b"b", "c\u00e9"):
+        store.add_member("s", member)
+    _expect_eq(store.remove_member("s", b"b"), 2, "remove_member() of a present member: size")
+    _expect_eq(store.members("s"), [b"a", "c\u00e9".encode()], "members() after remove_member()")
+    _expect_eq(store.remove_member("s", b"b"), 2, "remove_member() again (now absent): size")
+    _expect_eq(store.remove_member("s", b"zz"), 2, "remove_member() of a member never added")
+    _expect_eq(store.remove_member("s", "c\u00e9"), 1, "remove_member() of a str member: size")
+    _expect_eq(store.members("s"), [b"a"], "members() after removing the str member")
+    _expect_eq(store.remove_member("s", b"a"), 0, "remove_member() of the last member: size")
+    _expect_eq(store.members("s"), [], "members() after removing the last member")
+    _expect_eq(store.remove_member("s", b"a"), 0, "remove_member() from an emptied set")
+    _expect_eq(store.add_member("s", b"b"), 1, "add_member() to an emptied set starts at 1")
+    _expect_eq(store.add_member("s", b"a"), 2, "add_member() of a removed member: size")
+    _expect_eq(store.members("s"), [b"a", b"b"], "members() after removed members came back")
+    # Odd members (NUL, 0xFF, every byte, the largest allowed) go as exactly as they came,
+    # and only from their own set: not from a set whose name is a prefix of, or extends,
+    # this one's.
+    odd = [b"\xff", b"a\x00", b"\x00\x01", bytes(range(256)), b"x" * MAX_MEMBER_BYTES]
+    for name in ("odd", "odd/x", "od"):
+        for member in odd:
+            store.add_member(name, member)
+    for i, member in enumerate(odd, start=1):
+        _expect_eq(
+            store.remove_member("odd", member),
+            len(odd) - i,
+            f"size after removing {member[:8]!r} from set 'odd'",
+        )
+    _expect_eq(store.members("odd"), [], "set 'odd' after removing every member")
+    _expect_eq(store.members("odd/x"), sorted(odd), "set 'odd/x' after emptying set 'odd'")
+    _expect_eq(store.members("od"), sorted(odd), "set 'od' after emptying set 'odd'")
+    _expect_eq(store.members("s"), [b"a", b"b"], "set 's' after emptying set 'odd'")
+
+
+def _removal_is_local(plain: Store, cfg: _Config) -> None:
+    store = _sets_of(plain)
+    store.set_timeout(SHORT_TIMEOUT)
+    store.set("both", b"plain")
+    store.add_member("both", b"member")
+    _expect_eq(store.remove_member("both", b"member"), 0, "remove_member() beside a plain key")
+    _expect_eq(store.get("both"), b"plain", "a plain key after its namesake set was emptied")
+    _expect_eq(store.num_keys(), 1, "num_keys() after a set was emptied (plain keys only)")
+    _expect_eq(store.remove_member("both", b"plain"), 0, "remove_member() of a key's value")
+    _expect_eq(store.get("both"), b"plain", "remove_member() must never touch a plain key")
+    store.add_member("both", b"member")
+    _expect_eq(store.delete_key("both"), True, "delete_key() of the plain key")
+    _expect_eq(store.members("both"), [b"member"], "delete_key() must leave the set alone")
+    _expect_eq(store.remove_member("only-a-key", b"m"), 0, "remove_member() of a name with no set")
+    store.set("only-a-key", b"m")
+    _expect_eq(store.remove_member("only-a-key", b"m"), 0, "remove_member() of a key, no set")
+    _expect_eq(store.get("only-a-key"), b"m", "a plain key after remove_member() of its name")
+    a, b = PrefixStore("a", store), PrefixStore("b", store)
+    for view in (a, b):
+        view.add_member("s", b"x")
+        view.add_member("s", b"y")
+    store.add_member("s", b"x")
+    _expect_eq(a.remove_member("s", b"x"), 1, "remove_member() through PrefixStore('a')")
+    _expect_eq(a.members("s"), [b"y"], "members() through prefix a after its remove_member()")
+    _expect_eq(store.members("a/s"), [b"y"], "the underlying set of PrefixStore('a') 's'")
+    _expect_eq(b.members("s"), [b"x", b"y"], "a remove through prefix a must not touch prefix b")
+    _expect_eq(store.members("s"), [b"x"], "a remove through prefix a must not touch set 's'")
+    _expect_eq(b.remove_member("s", b"z"), 2, "remove_member() of an absent member via prefix b")
+
+
+def _concurrent_remove_member(plain: Store, cfg: _Config) -> None:
+    store = _sets_of(plain)
+    n, m = cfg.threads, cfg.increments
+    everyone = [f"t{i}.{j}" for i in range(n) for j in range(m)]
+    for member in everyone:
+        store.add_member("leaving", member)
+    _expect_eq(len(store.members("leaving")), n * m, "members() before the concurrent removes")
+    start = threading.Barrier(n, timeout=THREADS_START_S)
+    sizes: list[list[int]] = [[] for _ in range(n)]
+
+    def leaver(i: int) -> None:
+        start.wait()
+        sizes[i].extend(store.remove_member("leaving", f"t{i}.{j}") for j in range(m))
+
+    workers = [_Worker(f"leaver-{i}", functools.partial(leaver, i)).start() for i in range(n)]
+    _join_all(workers, cfg.wake_s + CONCURRENT_WORK_S, "concurrent remove_member()")
+    _expect_eq(
+        sorted(v for r in sizes for v in r),
+        list(range(n * m)),
+        f"the sizes {n}x{m} concurrent remove_member() of distinct members returned (each once)",
+    )
+    _expect_eq(store.members("leaving"), [], "members() after every member was removed")
+    _expect_eq(store.remove_member("leaving", b"t0.0"), 0, "removing a member again afterwards")
+
+
 _SET_PROPERTIES: tuple[tuple[str, Callable[[Store, _Config], None]], ...] = (
     ("member sets: add_member sizes, duplicates, members order", _member_sets),
     ("try_get returns None at once or the value", _try_get),
     ("member sets are not keys (get/check/num_keys/PrefixStore)", _sets_are_not_keys),
     ("member bounds give clear errors", _member_bounds),
     ("concurrent add_member() gives each caller its own size", _concurrent_add_member),
+    ("remove_member sizes, absent members, emptied sets, re-adds", _remove_member),
+    ("remove_member touches only its own set (keys, other sets, prefixes)", _removal_is_local),
+    ("concurrent remove_member() gives each caller its own size", _concurrent_remove_member),
 )
 
 _PROPERTIES: tuple[tuple[str, Callable[[Store, _Config], None]], ...] = (
@@ -667,13 +784,15 @@ def check_store(
 ) -> None:
     """Run the conformance suite on stores made by ``factory``; raise on the first failure.
 
-    ``threads`` threads each do ``increments`` ``add``, CAS increments and ``add_member``
-    calls. When ``url`` is given, :func:`check_store_across_processes` also runs on it
-    (``opener`` and ``processes`` are passed on).
+    ``threads`` threads each do ``increments`` ``add``, CAS increments, ``add_member``
+    and ``remove_member`` calls. When ``url`` is given,
+    :func:`check_store_across_processes` also runs on it (``opener`` and ``processes``
+    are passed on).
 
     ``sets`` picks the member-set properties (:class:`~rdzv.store.SetStore`): ``True``
-    requires them (a store without ``add_member``/``members``/``try_get`` fails), ``False``
-    skips them, ``None`` runs them when the store has these methods.
+    requires them (a store without ``add_member``/``remove_member``/``members``/
+    ``try_get`` fails), ``False`` skips them, ``None`` runs them when the store has these
+    methods.
     """
     if threads < 2 or increments < 1:
         raise ValueError(f"need threads >= 2 and increments >= 1, got {threads}, {increments}")
@@ -728,9 +847,10 @@ def _child_main(
     """A child process of :func:`check_store_across_processes` (spawned; args are str/int).
 
     Announces itself (``add("ready", 1)``), blocks until the parent writes ``go`` (a
-    wake-up across processes), joins the member set ``joined`` when the store has member
-    sets (recording the size it got under ``size/<index>``), then increments; reports
-    ``ok`` or the error under ``done/<index>`` and exits 0 or 1.
+    wake-up across processes), joins the member set ``joined`` and leaves the member set
+    ``leaving`` when the store has member sets (recording the sizes it got under
+    ``size/<index>`` and ``left/<index>``), then increments; reports ``ok`` or the error
+    under ``done/<index>`` and exits 0 or 1.
     """
     base = _open(url, opener, timedelta(seconds=wait_s))
     store = PrefixStore(prefix, base)
@@ -739,6 +859,7 @@ def _child_main(
         store.wait(["go"])
         if isinstance(base, SetStore):
             store.set(f"size/{index}", str(store.add_member("joined", f"p{index}")))
+            store.set(f"left/{index}", str(store.remove_member("leaving", f"p{index}")))
         for j in range(increments):
             store.add("added", 1)
             _cas_increment(store, "counter", f"p{index}.{j}")
@@ -772,14 +893,16 @@ def check_store_across_processes(
     ``wait_for_change`` until every child announced, and each child in ``wait``: both
     are wake-ups across processes), then does ``increments`` ``add(1)`` and CAS
     increments on shared counters; no update may be lost. When the store has member sets
-    (:class:`~rdzv.store.SetStore`), each child also joins one set at the same moment,
-    and the sizes they got must be ``1..processes``, each once.
+    (:class:`~rdzv.store.SetStore`), each child also joins one set and leaves another
+    (filled by the parent with every child's member) at the same moment: the sizes
+    ``add_member`` returned must be ``1..processes`` and those ``remove_member`` returned
+    ``0..processes-1``, each once.
 
     The store is opened with :func:`rdzv.stores.open_store`, or with ``opener``, a
     ``"module:function"`` reference to a ``(url, timeout) -> Store`` callable importable
     in a fresh interpreter. Keys live under a fresh prefix, so ``url`` may name a shared
-    server; they are deleted afterwards (the member set stays: sets cannot be deleted,
-    it is one small set under the fresh prefix). Children are started with the ``spawn``
+    server; they are deleted afterwards, and the member sets emptied with
+    ``remove_member``. Children are started with the ``spawn``
     context and receive only strings and ints. Bounds: children must announce
     themselves within ``start_within`` (interpreter start-up) and finish within
     ``wake_within`` per increment after that; the kit terminates any child left.
@@ -797,7 +920,9 @@ def check_store_across_processes(
     prefix = f"rdzv-conformance/{uuid.uuid4().hex}"
     store = PrefixStore(prefix, base)
     keys = ["ready", "go", "counter", "added"]
-    keys += [f"{kind}/{i}" for kind in ("done", "size") for i in range(processes)]
+    keys += [f"{kind}/{i}" for kind in ("done", "size", "left") for i in range(processes)]
+    sets = base if isinstance(base, SetStore) else None
+    everyone = [f"p{i}" for i in range(processes)]
     ctx = multiprocessing.get_context("spawn")
     children = [
         ctx.Process(
@@ -823,6 +948,9 @@ def check_store_across_processes(
 
     try:
         store.set("counter", b"0:init")
+        if sets is not None:
+            for member in everyone:
+                store.add_member("leaving", member)
         for child in children:
             child.start()
         # Wait for every child to announce itself; bounded by start_within, in slices of
@@ -870,7 +998,7 @@ def check_store_across_processes(
                 f"{processes}x{increments} CAS increments reached {counter}, expected {total} "
                 "(lost updates: compare_set is not atomic across processes)"
             )
-        if isinstance(base, SetStore):
+        if sets is not None:
             sizes = sorted(int(v) for v in store.multi_get([f"size/{i}" for i in range(processes)]))
             if sizes != list(range(1, processes + 1)):
                 raise fail(
@@ -878,9 +1006,19 @@ def check_store_across_processes(
                     f"each of 1..{processes} once (add_member is not atomic across processes)"
                 )
             joined = store.members("joined")
-            expected = sorted(f"p{i}".encode() for i in range(processes))
+            expected = sorted(m.encode() for m in everyone)
             if joined != expected:
                 raise fail(f"the member set holds {joined!r}, expected {expected!r}")
+            left = sorted(int(v) for v in store.multi_get([f"left/{i}" for i in range(processes)]))
+            if left != list(range(processes)):
+                raise fail(
+                    f"{processes} processes leaving one member set got sizes {left}, expected "
+                    f"each of 0..{processes - 1} once (remove_member is not atomic across "
+                    "processes)"
+                )
+            stayed = store.members("leaving")
+            if stayed:
+                raise fail(f"the member set every child left still holds {stayed!r}")
     except _Broken as exc:
         raise fail(str(exc)) from None
     finally:
@@ -895,5 +1033,9 @@ def check_store_across_processes(
         try:
             for key in keys:
                 store.delete_key(key)
+            if sets is not None:
+                for name in ("joined", "leaving"):
+                    for member in everyone:
+                        store.remove_member(name, member)
         finally:
             _close(base)

@@ -18,11 +18,12 @@ The loop it encodes, for one operation::
              SYNC:   Wait(until the next timer, or a change)      (answer: WokeUp)
              FINISH: Done;  errors: Fail
 
-Announcing variants (``scale``) add two requests outside the register: ANNOUNCE asks
+Announcing variants (``scale``) add three requests outside the register: ANNOUNCE asks
 for :class:`Announce` (add this node to the round's announcement set; answer
-:class:`Announced` with the set's size), and a fold first asks for :class:`ReadAnnounced`
+:class:`Announced` with the set's size), a fold first asks for :class:`ReadAnnounced`
 (answer :class:`AnnouncedMembers`), then applies the fold to the view and syncs like any
-mutating action.
+mutating action, and WITHDRAW asks for :class:`Withdraw` (take this node's announcement
+back; answer :class:`Withdrawn`), then reads the state again before deciding.
 
 Local state (:class:`Local`) is a plain immutable value: the model checker hashes and
 compares it, the handler keeps one per node.
@@ -122,6 +123,13 @@ class AnnouncedMembers:
 
 
 @dataclass(frozen=True)
+class Withdrawn:
+    """Answer to :class:`Withdraw`: the announcement is out of the set."""
+
+    now: Now
+
+
+@dataclass(frozen=True)
 class Beaten:
     """Answer to :class:`Beat`: the heartbeat key was written."""
 
@@ -144,6 +152,7 @@ Event = (
     | IoFailed
     | Announced
     | AnnouncedMembers
+    | Withdrawn
     | Beaten
     | BeatValues
 )
@@ -216,6 +225,16 @@ class ReadAnnounced:
 
 
 @dataclass(frozen=True)
+class Withdraw:
+    """Atomically take ``member`` (this node) out of the announcement set of round
+    ``round`` and answer :class:`Withdrawn`. Taking out a member that is not there is
+    harmless, so a retry after an unknown outcome is safe."""
+
+    round: int
+    member: bytes
+
+
+@dataclass(frozen=True)
 class Beat:
     """Write ``value`` under this node's heartbeat key (heartbeats under keys); answer
     :class:`Beaten`. A plain write: never a compare-and-set."""
@@ -230,7 +249,18 @@ class ReadBeats:
     nodes: tuple[NodeId, ...]
 
 
-Request = Read | CompareAndSet | Wait | Done | Fail | Announce | ReadAnnounced | Beat | ReadBeats
+Request = (
+    Read
+    | CompareAndSet
+    | Wait
+    | Done
+    | Fail
+    | Announce
+    | ReadAnnounced
+    | Withdraw
+    | Beat
+    | ReadBeats
+)
 
 
 # -- local state --------------------------------------------------------------------------
@@ -249,6 +279,8 @@ class Phase(enum.Enum):
     """An Announce is outstanding."""
     READING_ANNOUNCED = "reading_announced"
     """A ReadAnnounced is outstanding (a fold waits for it)."""
+    WITHDRAWING = "withdrawing"
+    """A Withdraw is outstanding."""
     BEATING = "beating"
     """A Beat is outstanding."""
     WATCHING = "watching"
@@ -363,6 +395,13 @@ def step(local: Local, event: Event, config: Config) -> Step:
         if local.phase is not Phase.READING_ANNOUNCED or local.folding is None:
             raise InvalidTransition(local, event)
         return _fold(local, event, config)
+    if isinstance(event, Withdrawn):
+        if local.phase is not Phase.WITHDRAWING:
+            raise InvalidTransition(local, event)
+        # A fold may have admitted this node before the announcement left the set: decide
+        # on a fresh read, where it then finds itself a participant (and withdraws from
+        # the state) or not.
+        return _sync(replace(local, announced=None, synced_at=None), event.now, config)
     if isinstance(event, Beaten):
         if local.phase is not Phase.BEATING:
             raise InvalidTransition(local, event)
@@ -571,6 +610,9 @@ def _decide(local: Local, now: Now, config: Config) -> Step:
     if action is Action.ANNOUNCE:
         request = Announce(local.view.round, encode_node(local.node))
         return Step(replace(local, phase=Phase.ANNOUNCING), request, action, index)
+    if action is Action.WITHDRAW:
+        withdraw = Withdraw(local.view.round, encode_node(local.node))
+        return Step(replace(local, phase=Phase.WITHDRAWING), withdraw, action, index)
     if action.folds:
         busy = replace(local, phase=Phase.READING_ANNOUNCED, folding=action)
         return Step(busy, ReadAnnounced(local.view.round), action, index)

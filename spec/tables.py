@@ -79,6 +79,7 @@ class Atom(enum.Enum):
     IN_ROLLBACK_WINDOW = "in_rollback_window"
     HEARTBEAT_DUE = "heartbeat_due"
     ANNOUNCED = "announced"
+    IN_ANNOUNCEMENTS = "in_announcements"
     FOLD_DUE = "fold_due"
     BEAT_DUE = "beat_due"
     WATCH_DUE = "watch_due"
@@ -156,6 +157,7 @@ ATOM_PREDICATES: dict[Atom, Callable[[Context], bool]] = {
     Atom.IN_ROLLBACK_WINDOW: lambda c: c.mono_now <= c.op_deadline + c.rollback_window,
     Atom.HEARTBEAT_DUE: _heartbeat_due,
     Atom.ANNOUNCED: _announced,
+    Atom.IN_ANNOUNCEMENTS: lambda c: c.announce_size is not None,
     Atom.FOLD_DUE: _fold_due,
     Atom.BEAT_DUE: _beat_due,
     Atom.WATCH_DUE: _watch_due,
@@ -182,6 +184,10 @@ ATOM_DOCS: dict[Atom, str] = {
         "this node announced itself in the current round's announcement set at most "
         "keep_alive_interval ago (an older announcement is renewed, which returns the "
         "set's current size)"
+    ),
+    Atom.IN_ANNOUNCEMENTS: (
+        "this node announced itself in the current round's announcement set (at any "
+        "time) and has not taken the announcement back"
     ),
     Atom.FOLD_DUE: (
         "this node's announcement is fresh and should be folded: the set's size it got "

@@ -320,6 +320,9 @@ _JOIN_OPEN_ROW = 13
 assert HARDENED.tables[Op.JOIN].rows[_LAST_CALL_ROW].then is Action.MARK_RENDEZVOUS_COMPLETE
 assert HARDENED.tables[Op.JOIN].rows[_JOIN_OPEN_ROW].then is Action.ADD_TO_PARTICIPANTS
 
+_GIVE_UP_ROW = 9
+assert HARDENED.tables[Op.JOIN].rows[_GIVE_UP_ROW].then is Action.ERROR_TIMEOUT
+
 _STAND_BY_BEAT_ROW = 2
 _WAITING_BEAT_ROW = 14
 assert HARDENED.tables[Op.JOIN].rows[_STAND_BY_BEAT_ROW].then is Action.KEEP_ALIVE
@@ -334,7 +337,8 @@ SCALE = HARDENED.derive(
         "min_nodes or max_nodes (or any announcer that waited a keep-alive interval in "
         "vain) folds the whole set into the state in one write, and the last call ends "
         "with a fold too. Each node beats under its own key; in a complete round the "
-        "first participant watches everybody and everybody watches it."
+        "first participant watches everybody and everybody watches it. A node whose join "
+        "deadline passes while only announced takes its announcement back."
     ),
     heartbeats=KEY_BEATS,
     rows={
@@ -378,6 +382,13 @@ SCALE = HARDENED.derive(
         ),
     },
     insert={
+        (Op.JOIN, _GIVE_UP_ROW): row(
+            Atom.PAST_DEADLINE,
+            Atom.IN_ROLLBACK_WINDOW,
+            Atom.IN_ANNOUNCEMENTS,
+            then=Action.WITHDRAW,
+            why="take our announcement back before giving up",
+        ),
         (Op.JOIN, _JOIN_OPEN_ROW + 1): row(
             ~Atom.COMPLETE,
             ~Atom.PARTICIPANT,

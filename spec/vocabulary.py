@@ -35,6 +35,10 @@ class Action(enum.Enum):
     ANNOUNCE = "announce"
     """Add this node to the round's announcement set (a store-side set, no
     compare-and-set): a later fold admits it. Writes no state."""
+    WITHDRAW = "withdraw_announcement"
+    """Take this node's announcement out of the round's announcement set (its join
+    deadline passed before a fold admitted it), then read the state again. Writes no
+    state."""
     FOLD = "fold_announcements"
     """Read the round's announcement set and admit the announced nodes in one write."""
     FOLD_AND_COMPLETE = "fold_and_complete"
@@ -69,6 +73,7 @@ _NON_MUTATING = frozenset(
     {
         Action.SYNC,
         Action.ANNOUNCE,
+        Action.WITHDRAW,
         Action.BEAT,
         Action.WATCH,
         Action.ERROR_CLOSED,

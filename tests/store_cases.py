@@ -19,7 +19,7 @@ import pytest
 from servers import TcpProxy
 
 from rdzv.errors import RendezvousConnectionError, StoreTimeoutError
-from rdzv.store import Store
+from rdzv.store import SetStore, Store
 from rdzv.stores import open_store
 
 
@@ -82,6 +82,38 @@ def check_lost_reply_of_add_counts_once(store: Store, proxy: TcpProxy, marker: b
     assert store.add("n", 10) == 11
     assert proxy.replies_lost == 1
     assert store.get("n") == b"11"
+
+
+def check_lost_reply_of_remove_member_is_resent(
+    store: SetStore, proxy: TcpProxy, marker: bytes
+) -> None:
+    """The reply of a remove_member is lost (the proxy drops the answer to the request
+    containing ``marker``; the member removed is ``b"lost-reply-member"``): removing is
+    idempotent, so the request is simply sent again, and the caller gets the size as if
+    nothing had been lost."""
+    for member in (b"a", b"b", b"lost-reply-member"):
+        store.add_member("s", member)
+    assert store.remove_member("s", b"a") == 2  # a first removal (Redis: loads the script)
+    proxy.lose_reply_to(marker)
+    assert store.remove_member("s", b"lost-reply-member") == 1
+    assert proxy.replies_lost == 1
+    assert store.members("s") == [b"b"]
+    assert store.remove_member("s", b"lost-reply-member") == 1  # gone: a no-op
+    assert store.remove_member("s", b"b") == 0
+
+
+def check_remove_member_on_a_blackholed_network(store: SetStore, proxy: TcpProxy) -> None:
+    """With a short request timeout and ``retries=1``, remove_member on a network that
+    drops everything fails with a connection error naming the call; once traffic moves
+    again, the removal (idempotent) can simply be repeated."""
+    store.add_member("s", b"m")
+    store.add_member("s", b"kept")
+    proxy.blackhole()
+    with pytest.raises(RendezvousConnectionError, match="failed while remove_member after 2 att"):
+        store.remove_member("s", b"m")
+    proxy.resume()
+    assert store.remove_member("s", b"m") == 1
+    assert store.members("s") == [b"kept"]
 
 
 def check_lost_data_is_reported(

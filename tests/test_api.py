@@ -7,6 +7,7 @@ import json
 import logging
 import random
 import threading
+import typing
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 import rdzv
+import spec
 from rdzv import (
     DynamicRendezvousHandler,
     RendezvousClosedError,
@@ -497,6 +499,11 @@ def test_event_traces_pair_every_request_with_its_answer(
         assert expected is None and trace[-1]["request"] == "done"
     for h in handlers:
         h.shutdown()
+
+
+def test_every_event_and_request_of_the_machine_has_a_name() -> None:
+    assert set(rdzv_events._INPUT_NAMES) == set(typing.get_args(spec.Event))
+    assert set(rdzv_events._REQUEST_NAMES) == set(typing.get_args(spec.Request))
 
 
 def test_handler_docs_name_every_event_input_and_request() -> None:

@@ -27,10 +27,13 @@ from rdzv import (
     create_handler,
 )
 from rdzv.backend import StoreRendezvousBackend
+from rdzv.clock import Clock, FakeClock
+from rdzv.errors import RendezvousTimeoutError
 from rdzv.handler import DynamicRendezvousHandler, IoStats
+from rdzv.store import Store
 from rdzv.stores import open_store
 from rdzv.stores.memory import MemoryStore
-from spec.codec import decode
+from spec.codec import decode, encode_node
 
 JOIN_S = 60.0
 """Bound on how long the test waits for one node thread."""
@@ -127,7 +130,7 @@ class _PlainStore:
         self._inner = MemoryStore()
 
     def __getattr__(self, name: str) -> Callable[..., object]:
-        if name in ("add_member", "members", "try_get"):
+        if name in ("add_member", "members", "remove_member", "try_get"):
             raise AttributeError(name)
         attr: Callable[..., object] = getattr(self._inner, name)
         return attr
@@ -192,3 +195,91 @@ def test_keep_alives_of_an_unchanged_state_decode_nothing() -> None:
         assert memo.decoded == decoded  # type: ignore[attr-defined]
     finally:
         handler.shutdown()
+
+
+# -- a node whose join deadline passes while it is only announced ------------------------------
+def _store_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    tag = uuid.uuid4().hex[:8]
+    if kind == "memory":
+        return f"memory://{tag}"
+    if kind == "sqlite":
+        return f"sqlite://{tmp_path / 'rdzv.db'}"
+    server: RedisServer | EtcdServer = request.getfixturevalue(f"{kind}_server")
+    return f"{server.url}?prefix=withdraw{tag}"
+
+
+def _scale_handler(store: Store, run: str, clock: Clock | None = None) -> DynamicRendezvousHandler:
+    return DynamicRendezvousHandler.from_backend(
+        run,
+        store,
+        StoreRendezvousBackend(store, run),
+        2,
+        2,
+        timeout=RendezvousTimeout(join=timedelta(seconds=60)),
+        keep_alive_interval=1000,
+        protocol="scale",
+        clock=clock,
+        cache_duration=0,
+    )
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis", "etcd"])
+def test_a_node_past_its_join_deadline_takes_its_announcement_back(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Alone in an open round, a node announces itself and waits; its join deadline passes
+    (fake clock), so it takes the announcement back and times out. Two nodes that come
+    later form the round without it: the first of them does not fill the round with the
+    departed node (it would have: its announcement would have returned 2 = max_nodes)."""
+    url = _store_url(kind, request, tmp_path)
+    store = open_store(url)
+    run = "w" + uuid.uuid4().hex[:8]
+    key = f"rdzv/{run}/announce/0"
+    clock = FakeClock()
+    gone = _scale_handler(store, run, clock)
+    box: list[BaseException | RendezvousInfo] = []
+
+    def call() -> None:
+        try:
+            box.append(gone.next_rendezvous())
+        except BaseException as exc:
+            box.append(exc)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    try:
+        member = encode_node(gone.node)
+        for _ in range(1_000):  # bounded: 10 s of real time at most
+            if store.members(key) == [member]:  # type: ignore[attr-defined]
+                break
+            thread.join(0.01)
+        assert store.members(key) == [member]  # type: ignore[attr-defined]
+        clock.advance(60.001)  # past the join deadline, inside the rollback window
+        thread.join(JOIN_S)
+        assert not thread.is_alive(), "the node did not give up"
+    finally:
+        # (shutdown() would close the rendezvous for the late nodes too.)
+        clock.advance(3600.0)  # on a failure above: past the rollback window as well
+        thread.join(JOIN_S)
+    (error,) = box
+    assert isinstance(error, RendezvousTimeoutError), error
+    assert store.members(key) == []  # type: ignore[attr-defined]
+    assert gone.io_stats().withdrawals == 1
+    late = [_scale_handler(open_store(url), run) for _ in range(2)]
+    infos: list[RendezvousInfo] = []
+    try:
+        threads = [
+            threading.Thread(target=lambda h=h: infos.append(h.next_rendezvous()), daemon=True)
+            for h in late
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(JOIN_S)
+    finally:
+        for h in late:
+            h.shutdown()
+    assert len(infos) == 2 and {i.world_size for i in infos} == {2}
+    state = decode(store.get(f"rdzv/{run}/state"))
+    assert state.complete and gone.node not in state.participant_nodes()
+    assert set(state.participant_nodes()) == {h.node for h in late}

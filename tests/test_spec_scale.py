@@ -38,6 +38,8 @@ from spec.machine import (
     StartOp,
     Step,
     Wait,
+    Withdraw,
+    Withdrawn,
     WokeUp,
     context,
     next_timer,
@@ -141,9 +143,9 @@ def test_a_fold_stops_at_max_nodes_and_completes() -> None:
 def test_scale_is_a_named_diff_of_hardened() -> None:
     assert VARIANTS["scale"] is SCALE
     assert SCALE.parent == HARDENED.name
-    # join: 4 rows replaced and 1 inserted; keep_alive: 3 replaced and 2 inserted; two
+    # join: 4 rows replaced and 2 inserted; keep_alive: 3 replaced and 2 inserted; two
     # folds; heartbeats under keys.
-    assert len(SCALE.changes) == 13
+    assert len(SCALE.changes) == 14
     assert SCALE.changes[-1] == "heartbeats: state -> keys"
     actions = [r.then for r in SCALE.table(Op.JOIN).rows]
     assert Action.ADD_TO_PARTICIPANTS not in actions
@@ -396,3 +398,57 @@ def test_a_beating_node_is_never_found_dead() -> None:
 def test_heartbeats_under_keys_need_the_local_liveness_clock() -> None:
     with pytest.raises(ValueError, match="local liveness clock"):
         UPSTREAM.derive("bad", description="keys on the wall clock", heartbeats="keys")
+
+
+def _announced_then_past_deadline(config: Config, me: NodeId) -> tuple[Step, Now]:
+    """A node announces itself in an open round, waits, and wakes past its deadline."""
+    now = Now(0, WALL)
+    s = step(Local(me), StartOp(Op.JOIN, 1_000, now), config)
+    s = step(s.local, ReadResult(None, None, now), config)
+    s = step(s.local, Announced(1, now), config)
+    assert s.action is Action.SYNC
+    late = Now(1_001, WALL)
+    s = step(s.local, WokeUp(late), config)
+    return step(s.local, ReadResult(None, None, late), config), late
+
+
+def test_an_announcer_past_its_deadline_takes_its_announcement_back_then_times_out() -> None:
+    config = Config(Settings(min_nodes=2, max_nodes=3), SCALE)
+    me = NODES[0]
+    s, late = _announced_then_past_deadline(config, me)
+    assert s.action is Action.WITHDRAW and s.request == Withdraw(0, encode_node(me))
+    assert s.local.phase is Phase.WITHDRAWING
+    with pytest.raises(InvalidTransition):
+        step(s.local, Announced(1, late), config)
+    s = step(s.local, Withdrawn(late), config)
+    # It reads again (a fold may have admitted it), however fresh its view was.
+    assert isinstance(s.request, Read) and s.local.announced is None
+    s = step(s.local, ReadResult(None, None, late), config)
+    assert s.action is Action.ERROR_TIMEOUT and isinstance(s.request, Fail)
+    assert s.request.kind is FailKind.TIMEOUT
+
+
+def test_an_announcer_admitted_before_it_withdrew_leaves_the_round_too() -> None:
+    config = Config(Settings(min_nodes=3, max_nodes=4), SCALE)
+    me, other = NODES[0], NODES[1]
+    s, late = _announced_then_past_deadline(config, me)
+    assert s.action is Action.WITHDRAW
+    s = step(s.local, Withdrawn(late), config)
+    # A fold admitted both before the announcement left the set (min_nodes not reached).
+    folded = fold_announced(EMPTY_STATE, other, (me, other), config.settings, WALL)
+    s = step(s.local, ReadResult(encode(folded), 1, late), config)
+    assert s.action is Action.REMOVE_FROM_PARTICIPANTS
+    assert isinstance(s.request, CompareAndSet)
+    assert decode(s.request.data).participant_nodes() == (other,)
+
+
+def test_past_the_rollback_window_an_announcer_gives_up_at_once() -> None:
+    config = Config(Settings(min_nodes=2, max_nodes=3), SCALE)
+    now = Now(0, WALL)
+    s = step(Local(NODES[0]), StartOp(Op.JOIN, 1_000, now), config)
+    s = step(s.local, ReadResult(None, None, now), config)
+    s = step(s.local, Announced(1, now), config)
+    gone = Now(1_000 + SCALE.rollback_window + 1, WALL)
+    s = step(s.local, WokeUp(gone), config)
+    s = step(s.local, ReadResult(None, None, gone), config)
+    assert s.action is Action.ERROR_TIMEOUT

@@ -254,13 +254,61 @@ def test_wiped_server_is_reported_by_member_sets(start_etcd: Callable[..., EtcdS
         store.members("s")
     with pytest.raises(RendezvousConnectionError, match="restart the job"):
         store.add_member("s", b"b")
+    with pytest.raises(RendezvousConnectionError, match="restart the job"):
+        store.remove_member("s", b"a")
     store.close()
     other = _fresh(server.url)  # a fresh store on the wiped server: add_member's guard
     other.add_member("s", b"a")
     server.restart_empty()
     with pytest.raises(RendezvousConnectionError, match="data directory was wiped"):
         other.add_member("s", b"b")
+    third = _fresh(server.url)  # remove_member's transaction is guarded by the epoch too
+    third.add_member("s", b"a")
+    server.restart_empty()
+    with pytest.raises(RendezvousConnectionError, match="data directory was wiped"):
+        third.remove_member("s", b"a")
     other.close()
+    third.close()
+
+
+def test_remove_member_deletes_the_member_key_in_one_transaction(
+    etcd_server: EtcdServer,
+) -> None:
+    store = _fresh(etcd_server.url)
+    for member in (b"a", b"b"):
+        store.add_member("round/1", member)
+    store.add_member("round", b"a")
+    prefix = store.prefix.encode()
+    before = etcd_server.revision()
+    assert store.remove_member("round/1", b"a") == 1
+    assert etcd_server.revision() - before == 1  # one write: the member key's delete
+    assert _raw_keys(etcd_server, prefix + b"#set/") == [
+        prefix + b"#set/5:round/a",
+        prefix + b"#set/7:round/1/b",
+    ]
+    assert store.remove_member("round/1", b"b") == 0
+    # An emptied set leaves no key behind; the set named like its prefix is untouched.
+    assert _raw_keys(etcd_server, prefix + b"#set/") == [prefix + b"#set/5:round/a"]
+    assert store.members("round/1") == [] and store.members("round") == [b"a"]
+    store.close()
+
+
+def test_lost_reply_of_remove_member_is_resent(
+    etcd_server: EtcdServer, tcp_proxy: Callable[[int], TcpProxy]
+) -> None:
+    proxy = tcp_proxy(etcd_server.port)
+    store = _fresh(f"etcd://127.0.0.1:{proxy.port}")
+    cases.check_lost_reply_of_remove_member_is_resent(store, proxy, b"request_delete_range")
+    store.close()
+
+
+def test_remove_member_on_a_blackholed_network_fails_then_recovers(
+    etcd_server: EtcdServer, tcp_proxy: Callable[[int], TcpProxy]
+) -> None:
+    proxy = tcp_proxy(etcd_server.port)
+    store = _fresh(f"etcd://127.0.0.1:{proxy.port}", request_timeout="0.3", retries="1")
+    cases.check_remove_member_on_a_blackholed_network(store, proxy)
+    store.close()
 
 
 def test_a_woken_reader_reads_each_change_once(etcd_server: EtcdServer) -> None:

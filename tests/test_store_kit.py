@@ -18,6 +18,7 @@ import pytest
 
 from rdzv.store import Store, as_bytes
 from rdzv.stores import MemoryStore, SQLiteStore
+from rdzv.stores.common import check_key
 from rdzv.stores.sqlite import open_sqlite
 from rdzv.testing import check_store, check_store_across_processes
 
@@ -190,6 +191,62 @@ class NoMemberBounds(MemoryStore):
             return len(members)
 
 
+class RemoveReportsSizeBefore(MemoryStore):
+    def remove_member(self, key: str, member: bytes | str) -> int:
+        size = len(self.members(key))
+        super().remove_member(key, member)
+        return size
+
+
+class RemoveFromAbsentSetFails(MemoryStore):
+    def remove_member(self, key: str, member: bytes | str) -> int:
+        with self._shared.cond:
+            members = self._shared.sets[check_key(key)]  # KeyError for an absent set
+        return super().remove_member(key, member) if members else 0
+
+
+class RemoveIgnoresSetName(MemoryStore):
+    """Removes the member from every set, not only the one named."""
+
+    def remove_member(self, key: str, member: bytes | str) -> int:
+        size = super().remove_member(key, member)
+        for name in list(self._shared.sets):
+            super().remove_member(name, member)
+        return size
+
+
+class RemoveDeletesNamesakeKey(MemoryStore):
+    """Treats an emptied set's name as a plain key to clean up."""
+
+    def remove_member(self, key: str, member: bytes | str) -> int:
+        size = super().remove_member(key, member)
+        if size == 0:
+            self.delete_key(key)
+        return size
+
+
+class RemoveUnchecked(MemoryStore):
+    def remove_member(self, key: str, member: bytes | str) -> int:
+        with self._shared.cond:
+            members = self._shared.sets.get(key, set())
+            members.discard(as_bytes(member))
+            return len(members)
+
+
+class RacyRemoveMember(_FirstCallRaces):
+    """Sizes computed from a read before the remove: concurrent callers share a size."""
+
+    key = "leaving"
+
+    def remove_member(self, key: str, member: bytes | str) -> int:
+        if not self._racing(key):
+            return super().remove_member(key, member)
+        size = len(self.members(key)) - 1
+        self._barrier.wait()  # every thread has counted the same members
+        super().remove_member(key, member)
+        return size
+
+
 class TorchLike:
     """A correct store without member sets, like torch's own stores."""
 
@@ -197,9 +254,25 @@ class TorchLike:
         self._inner = MemoryStore()
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("add_member", "members", "try_get"):
+        if name in ("add_member", "remove_member", "members", "try_get"):
             raise AttributeError(name)
         return getattr(self._inner, name)
+
+
+class NoRemoveMember:
+    """A store with member sets but no ``remove_member`` (one written before it existed)."""
+
+    def __init__(self) -> None:
+        self._inner = MemoryStore()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "remove_member":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def no_remove_member() -> Store:
+    return NoRemoveMember()
 
 
 def torch_like() -> Store:
@@ -224,6 +297,12 @@ BROKEN: list[tuple[Callable[[], Store], str]] = [
     (SetsAreKeys, "check() of a name that is only a set: expected False, got True"),
     (TryGetWaits, "'try_get returns None at once or the value': "),
     (NoMemberBounds, "a 1025-byte member must raise ValueError, but returned 2"),
+    (RemoveReportsSizeBefore, "remove_member() of a present member: size: expected 2, got 3"),
+    (RemoveFromAbsentSetFails, "'remove_member sizes, absent members, emptied sets, re-adds': "),
+    (RemoveIgnoresSetName, "set 'odd/x' after emptying set 'odd'"),
+    (RemoveDeletesNamesakeKey, "'remove_member touches only its own set (keys, other sets, "),
+    (RemoveUnchecked, "removing a 1025-byte member must raise ValueError, but returned 1"),
+    (RacyRemoveMember, "'concurrent remove_member() gives each caller its own size' failed"),
 ]
 
 
@@ -256,7 +335,12 @@ def test_the_kit_passes_a_correct_store_that_is_a_subclass() -> None:
 def test_member_sets_are_required_on_request_and_skipped_otherwise() -> None:
     with pytest.raises(AssertionError) as caught:
         check_store(torch_like, threads=THREADS, increments=10, wake_within=QUICK * 10, sets=True)
-    assert "TorchLike lacks add_member/members/try_get" in str(caught.value)
+    assert "TorchLike lacks add_member/remove_member/members/try_get" in str(caught.value)
+    with pytest.raises(AssertionError) as caught:
+        check_store(
+            no_remove_member, threads=THREADS, increments=10, wake_within=QUICK * 10, sets=True
+        )
+    assert "NoRemoveMember lacks remove_member (" in str(caught.value)
     # Without sets=True the kit checks a store that has no member sets as a plain Store,
     # and sets=False skips the member-set properties even of a broken SetStore.
     check_store(torch_like, threads=THREADS, increments=10, wake_within=QUICK * 10)
@@ -304,6 +388,19 @@ def open_add_member_says_one(url: str, timeout: timedelta) -> Store:
     return SaysOne(parsed.path, timeout=timeout)
 
 
+def open_remove_member_says_zero(url: str, timeout: timedelta) -> Store:
+    """An SQLite store whose remove_member always reports size 0."""
+
+    class SaysZero(SQLiteStore):
+        def remove_member(self, key: str, member: bytes | str) -> int:
+            super().remove_member(key, member)
+            return 0
+
+    parsed = open_sqlite(url, timeout)
+    parsed.close()
+    return SaysZero(parsed.path, timeout=timeout)
+
+
 def open_fails_in_children(url: str, timeout: timedelta) -> Store:
     if multiprocessing.parent_process() is not None:
         raise RuntimeError("planted failure: cannot open the store in a child")
@@ -338,6 +435,17 @@ def test_across_processes_catches_add_member_sizes_that_are_not_distinct(db_url:
     ):
         check_store_across_processes(
             db_url, opener=f"{__name__}:open_add_member_says_one", increments=2
+        )
+    assert no_kit_children()
+
+
+@pytest.mark.slow
+def test_across_processes_catches_remove_member_sizes_that_are_not_distinct(db_url: str) -> None:
+    with pytest.raises(
+        AssertionError, match=r"3 processes leaving one member set got sizes \[0, 0, 0\]"
+    ):
+        check_store_across_processes(
+            db_url, opener=f"{__name__}:open_remove_member_says_zero", increments=2
         )
     assert no_kit_children()
 

@@ -263,6 +263,59 @@ def test_lost_reply_of_add_member_adds_once(
     store.close()
 
 
+def test_remove_member_renews_the_ttl_and_an_emptied_set_is_gone(
+    redis_server: RedisServer,
+) -> None:
+    store = _fresh(redis_server.url, ttl="60")
+    raw = f"{store.prefix}#set:round/1"
+    for member in (b"a", b"b", b"c"):
+        store.add_member("round/1", member)
+    # Shorten the expiry by hand: a remove_member that leaves members renews it to ttl.
+    redis_server.command("PEXPIRE", raw, "5000")
+    assert store.remove_member("round/1", b"a") == 2
+    assert 5_000 < int(redis_server.command("PTTL", raw)) <= 60_000
+    redis_server.command("PEXPIRE", raw, "5000")
+    assert store.remove_member("round/1", b"zz") == 2  # a no-op still renews, like add_member
+    assert 5_000 < int(redis_server.command("PTTL", raw)) <= 60_000
+    # SREM of the last member deletes the Redis set: an emptied set is an absent one.
+    assert store.remove_member("round/1", b"b") == 1
+    assert store.remove_member("round/1", b"c") == 0
+    assert int(redis_server.command("EXISTS", raw)) == 0
+    assert store.members("round/1") == []
+    assert store.add_member("round/1", b"a") == 1  # starts again, with the ttl
+    assert 0 < int(redis_server.command("PTTL", raw)) <= 60_000
+    assert store.num_keys() == 0
+    store.close()
+
+
+def test_remove_member_without_ttl_sets_no_expiry(redis_server: RedisServer) -> None:
+    store = _fresh(redis_server.url)
+    raw = f"{store.prefix}#set:s"
+    store.add_member("s", b"a")
+    store.add_member("s", b"b")
+    assert store.remove_member("s", b"a") == 1
+    assert int(redis_server.command("PTTL", raw)) == -1  # exists, no expiry
+    store.close()
+
+
+def test_lost_reply_of_remove_member_is_resent(
+    redis_server: RedisServer, tcp_proxy: Callable[[int], TcpProxy]
+) -> None:
+    proxy = tcp_proxy(redis_server.port)
+    store = _fresh(f"redis://127.0.0.1:{proxy.port}/0")
+    cases.check_lost_reply_of_remove_member_is_resent(store, proxy, b"lost-reply-member")
+    store.close()
+
+
+def test_remove_member_on_a_blackholed_network_fails_then_recovers(
+    redis_server: RedisServer, tcp_proxy: Callable[[int], TcpProxy]
+) -> None:
+    proxy = tcp_proxy(redis_server.port)
+    store = _fresh(f"redis://127.0.0.1:{proxy.port}/0", socket_timeout="0.3", retries="1")
+    cases.check_remove_member_on_a_blackholed_network(store, proxy)
+    store.close()
+
+
 def test_a_woken_reader_reads_each_change_once(redis_server: RedisServer) -> None:
     from test_stores import check_one_read_per_change
 

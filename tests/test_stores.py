@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import multiprocessing
 import pickle
 import sqlite3
 import subprocess
@@ -152,6 +153,9 @@ class SplitHandles:
 
     def add_member(self, key: str, member: bytes | str) -> int:
         return self.writer.add_member(key, member)
+
+    def remove_member(self, key: str, member: bytes | str) -> int:
+        return self.writer.remove_member(key, member)
 
     def members(self, key: str) -> list[bytes]:
         return self.reader.members(key)
@@ -422,7 +426,19 @@ class TorchLikeStore:
         self._inner = MemoryStore()
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("add_member", "members", "try_get"):
+        if name in ("add_member", "remove_member", "members", "try_get"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+class NoRemoveStore:
+    """A store with every member-set method but ``remove_member`` (written before it)."""
+
+    def __init__(self) -> None:
+        self._inner = MemoryStore()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "remove_member":
             raise AttributeError(name)
         return getattr(self._inner, name)
 
@@ -434,7 +450,8 @@ def test_require_set_store_names_the_store_and_the_fix() -> None:
         require_set_store(plain, "the scale protocol")
     message = str(caught.value)
     assert message.startswith("the scale protocol needs a store with member sets")
-    assert "TorchLikeStore lacks add_member, members, try_get" in message
+    assert "(add_member, remove_member, members, try_get)" in message
+    assert "TorchLikeStore lacks add_member, remove_member, members, try_get;" in message
     assert "memory://, sqlite://, redis:// or etcd://" in message
     # A PrefixStore has the methods but passes only when the store under it does.
     over_plain = PrefixStore("p", plain)
@@ -442,6 +459,13 @@ def test_require_set_store_names_the_store_and_the_fix() -> None:
         require_set_store(over_plain, "the scale protocol")
     with pytest.raises(TypeError, match=r"PrefixStore.add_member needs a store with member sets"):
         over_plain.add_member("s", b"m")
+    with pytest.raises(TypeError, match=r"PrefixStore.remove_member needs a store with member"):
+        over_plain.remove_member("s", b"m")
+    # A store lacking only remove_member is not a SetStore, and the error says what it lacks.
+    older = NoRemoveStore()
+    assert not isinstance(older, SetStore)
+    with pytest.raises(TypeError, match=r"NoRemoveStore lacks remove_member;"):
+        require_set_store(older, "the scale protocol")
     memory = MemoryStore()
     assert require_set_store(memory, "x") is memory
     over_memory = PrefixStore("p", memory)
@@ -468,6 +492,58 @@ def test_sqlite_keeps_sets_in_their_own_table(files: SQLiteFiles) -> None:
         assert rows == [("k", "blob", b"\x00m")]
     finally:
         raw.close()
+
+
+def test_removing_the_last_member_leaves_nothing_behind(files: SQLiteFiles) -> None:
+    # An emptied set is an absent one: no row in SQLite, no entry in memory.
+    path = files.path()
+    sqlite_store = SQLiteStore(path)
+    memory = MemoryStore()
+    for store in (sqlite_store, memory):
+        assert store.add_member("s", b"a") == 1
+        assert store.add_member("t", b"a") == 1
+        assert store.remove_member("s", b"a") == 0
+    sqlite_store.close()
+    assert sorted(memory._shared.sets) == ["t"]
+    raw = sqlite3.connect(path)
+    try:
+        assert raw.execute("SELECT key, member FROM rdzv_sets").fetchall() == [("t", b"a")]
+    finally:
+        raw.close()
+
+
+def _remove_in_child(path: str, member: str, out: str) -> None:
+    """A spawned child: remove ``member`` from set 's' of the SQLite file at ``path``."""
+    store = SQLiteStore(path)
+    try:
+        Path(out).write_text(str(store.remove_member("s", member)))
+    finally:
+        store.close()
+
+
+def test_sqlite_remove_member_in_another_process_is_seen(files: SQLiteFiles) -> None:
+    # What one process removes, another connection sees at once (committed, not cached),
+    # and the size the remover got counts what the other process added.
+    path = files.path()
+    store = SQLiteStore(path)
+    for member in (b"a", b"b", b"c"):
+        store.add_member("s", member)
+    out = path.with_suffix(".out")
+    child = multiprocessing.get_context("spawn").Process(
+        target=_remove_in_child, args=(str(path), "b", str(out))
+    )
+    child.start()
+    try:
+        child.join(60)  # bound: interpreter start-up on a loaded machine
+        assert child.exitcode == 0
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join(60)
+    assert out.read_text() == "2"
+    assert store.members("s") == [b"a", b"c"]
+    assert store.remove_member("s", b"b") == 2  # already gone: a no-op
+    store.close()
 
 
 # -- SQLite failures: each raises RendezvousConnectionError naming the path ------------
@@ -547,6 +623,7 @@ def test_sqlite_processes_opening_a_new_file_together_all_succeed(tmp_path: Path
 def test_sqlite_locked_database_fails_fast_and_recovers(files: SQLiteFiles) -> None:
     path = files.path()
     store = open_store(f"sqlite://{path}?busy_timeout_ms=10", timeout=SHORT)
+    assert isinstance(store, SQLiteStore)
     store.set("k", b"before")
     holder = sqlite3.connect(path, isolation_level=None)
     try:
@@ -558,6 +635,8 @@ def test_sqlite_locked_database_fails_fast_and_recovers(files: SQLiteFiles) -> N
             lambda: store.add("n", 1),
             lambda: store.multi_set(["a"], [b"1"]),
             lambda: store.delete_key("k"),
+            lambda: store.add_member("s", b"m"),
+            lambda: store.remove_member("s", b"m"),
         ]
         for write in writes:
             with pytest.raises(RendezvousConnectionError) as caught:
@@ -571,7 +650,8 @@ def test_sqlite_locked_database_fails_fast_and_recovers(files: SQLiteFiles) -> N
         holder.close()
     assert store.compare_set("k", b"before", b"after") == b"after"
     assert store.add("n", 1) == 1
-    assert isinstance(store, SQLiteStore)
+    assert store.add_member("s", b"m") == 1
+    assert store.remove_member("s", b"m") == 0
     store.close()
 
 

@@ -29,7 +29,9 @@ Theory of operation:
   contains another's), outside the ``<prefix>/`` namespace: ``get``/``check`` never see
   it and ``num_keys`` does not count it. ``add_member`` is one transaction, guarded by
   the epoch like every write: a put of the member key and a count-only range over the
-  set's keys, which sees the put. ``members`` is one range read (keys only);
+  set's keys, which sees the put. ``remove_member`` is the same with a delete of the
+  member key instead of the put (a set is its member keys: removing the last leaves
+  none). ``members`` is one range read (keys only);
   ``try_get`` is one read, like ``get`` without the wait.
 - Values are raw bytes; the store never decodes, evaluates or unpickles them.
 
@@ -580,6 +582,30 @@ class EtcdStore(RemoteStore):
             self._guarded_write(undo, "add_member")
             raise set_full_error(key, self._shown, MAX_SET_MEMBERS)
         return size
+
+    def remove_member(self, key: str, member: bytes | str) -> int:
+        start, data = self._set_prefix(key), check_member(member)
+        ops: list[dict[str, Any]] = [
+            {"request_delete_range": {"key": _b64(start + data)}},
+            {
+                "request_range": {
+                    "key": _b64(start),
+                    "range_end": _b64(_prefix_end(start)),
+                    "count_only": True,
+                }
+            },
+        ]
+        # The delete is idempotent, so _guarded_write's retries may resend the
+        # transaction after an unknown outcome: the member is gone either way, and the
+        # size is the one at the resend.
+        reply = self._guarded_write(ops, "remove_member")
+        responses = reply.get("responses", [])
+        if len(responses) != 2:
+            raise RendezvousConnectionError(
+                f"etcd at {self._shown} answered remove_member with {len(responses)} "
+                "responses, not 2; check that the server is etcd 3.4 or later"
+            )
+        return int(responses[1].get("response_range", {}).get("count", 0))
 
     # -- reads -----------------------------------------------------------------------
 

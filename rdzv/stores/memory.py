@@ -9,7 +9,8 @@ Stores opened with the same name (``open_store("memory://job1")`` or
 :meth:`MemoryStore.named`) in one process share their data through a process-wide
 registry; :func:`drop_memory_store` forgets a name (handles already open keep the old
 data). Member sets (:class:`~rdzv.store.SetStore`) are a second dict, of Python sets,
-under the same lock. Different processes never share a memory store: use ``sqlite://`` for that.
+under the same lock; a set whose last member is removed is dropped from it. Different
+processes never share a memory store: use ``sqlite://`` for that.
 """
 
 from __future__ import annotations
@@ -167,6 +168,17 @@ class MemoryStore(BaseStore):
                 if len(members) >= MAX_SET_MEMBERS:
                     raise set_full_error(key, self.endpoint, MAX_SET_MEMBERS)
                 members.add(data)
+            return len(members)
+
+    def remove_member(self, key: str, member: bytes | str) -> int:
+        key, data = check_key(key), check_member(member)
+        with self._shared.cond:
+            members = self._shared.sets.get(key)
+            if members is None:
+                return 0
+            members.discard(data)
+            if not members:  # an empty set and an absent one are the same: keep no entry
+                del self._shared.sets[key]
             return len(members)
 
     # -- reads ---------------------------------------------------------------------

@@ -18,8 +18,10 @@ Theory of operation:
 - Member sets (:class:`~rdzv.store.SetStore`): set ``k`` is the Redis set
   ``<prefix>#set:k``, outside the ``<prefix>:`` key namespace and its index, so
   ``get``/``check`` never see it and ``num_keys`` does not count it. ``add_member`` is one
-  Lua script (bound check, ``SADD``, ``SCARD``, expiry); ``members`` is one ``SMEMBERS``,
-  sorted here; ``try_get`` is one ``GET``.
+  Lua script (bound check, ``SADD``, ``SCARD``, expiry); ``remove_member`` is one Lua
+  script (``SREM``, ``SCARD``, and the expiry renewed while members remain: Redis
+  deletes a set whose last member goes, which is exactly an empty set here);
+  ``members`` is one ``SMEMBERS``, sorted here; ``try_get`` is one ``GET``.
 - Values are raw bytes; the store never decodes, evaluates or unpickles them.
 
 Failures: connection errors and socket timeouts are retried ``retries`` times with
@@ -162,6 +164,17 @@ if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
 return redis.call('SCARD', KEYS[1])
 """
 
+# KEYS: set.  ARGV: member, ttl_ms.  Returns the size after.  SREM of the last member
+# deletes the set (and its expiry); a set that keeps members has its expiry renewed, as
+# every write renews the expiry of what it writes.
+_REMOVE_MEMBER = """
+redis.call('SREM', KEYS[1], ARGV[1])
+local size = redis.call('SCARD', KEYS[1])
+local ttl = tonumber(ARGV[2])
+if ttl > 0 and size > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
+return size
+"""
+
 # KEYS: key.  ARGV: the SHA-1 (hex) of the value the caller holds, or "" for "absent".
 # Returns 1 when the key's value differs from that, 0 when it is the same: a caller learns
 # whether a (possibly large) value changed without the value crossing the network.
@@ -262,6 +275,7 @@ class RedisStore(RemoteStore):
         self._add_script: Any = self._client.register_script(_ADD)
         self._delete_script: Any = self._client.register_script(_DELETE)
         self._add_member_script: Any = self._client.register_script(_ADD_MEMBER)
+        self._remove_member_script: Any = self._client.register_script(_REMOVE_MEMBER)
         self._changed_script: Any = self._client.register_script(_CHANGED)
         self._fetch_script: Any = self._client.register_script(_FETCH_IF_CHANGED)
         self._seen: dict[str, bytes] = {}
@@ -443,6 +457,16 @@ class RedisStore(RemoteStore):
         if size < 0:
             raise set_full_error(key, self._shown, MAX_SET_MEMBERS)
         return size
+
+    def remove_member(self, key: str, member: bytes | str) -> int:
+        full, data = self._set_key(key), check_member(member)
+        args = [data, self._ttl_ms]
+        # SREM is idempotent, so after a lost reply the script is simply sent again (by
+        # _call's retries): the member is gone either way; the size returned is the one
+        # at the retry.
+        return int(
+            self._call("remove_member", lambda: self._remove_member_script(keys=[full], args=args))
+        )
 
     # -- reads -----------------------------------------------------------------------
 

@@ -9,7 +9,8 @@ Theory of operation:
   count of ``rdzv_kv``) never sees them. Both tables are created with ``IF NOT EXISTS``
   at every connect, so a file written by an older rdzv gains the second table on first
   open. ``add_member`` is ``INSERT OR IGNORE`` plus a count of the set in one
-  ``BEGIN IMMEDIATE`` transaction.
+  ``BEGIN IMMEDIATE`` transaction, ``remove_member`` a ``DELETE`` of the member's row
+  plus the same count (a set is its rows: removing the last one leaves none).
 - WAL journal mode, so readers never block the writer and vice versa; a writer waits up
   to ``busy_timeout_ms`` for another writer, then the call raises
   :class:`~rdzv.errors.RendezvousConnectionError` (a lock is reported, never waited on
@@ -410,6 +411,17 @@ class SQLiteStore(BaseStore):
             return size
 
         return self._write("add_member", body)
+
+    def remove_member(self, key: str, member: bytes | str) -> int:
+        key, data = check_key(key), check_member(member)
+
+        def body(conn: sqlite3.Connection) -> int:
+            conn.execute("DELETE FROM rdzv_sets WHERE key = ? AND member = ?", (key, data))
+            return int(
+                conn.execute("SELECT COUNT(*) FROM rdzv_sets WHERE key = ?", (key,)).fetchone()[0]
+            )
+
+        return self._write("remove_member", body)
 
     # -- reads -----------------------------------------------------------------------
 
