@@ -2,7 +2,9 @@
 
 For N = 2..8 (exhaustive, with and without symmetry reduction) and N = 64, 256, 1024
 (random mode) it prints distinct states, generated states, states per second, peak
-memory and wall time. Each row runs in a fresh subprocess, which reports its own peak
+memory and wall time. A second table walks ``hardened`` and ``scale`` with every fault
+(the random-mode evidence of docs/findings.md and docs/model_checker.md) and adds how the
+walk's end was judged. Each row runs in a fresh subprocess, which reports its own peak
 memory (ru_maxrss). Runs without symmetry reduction are capped (``--max-states``) and marked
 "bound" when the cap cut them; nothing is extrapolated.
 
@@ -21,6 +23,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+EVERY_FAULT = (
+    "--crash=3",
+    "--restart-new=2",
+    "--cas-unknown=2",
+    "--store-down=2",
+    "--skew=4",
+    "--steps=3000",
+    "--seed=1",
+)
+"""The faulty walks' flags (the same as in docs/findings.md)."""
+FAULTY_WALKS = (("hardened", 64), ("hardened", 256), ("scale", 64), ("scale", 1024))
+FAULTY_WALKS_QUICK = (("hardened", 64), ("scale", 64))
 UNREDUCED_CAP = 150_000
 """Unique-state cap for runs without symmetry reduction."""
 ROW_TIMEOUT_S = 900
@@ -67,6 +81,24 @@ def main(argv: list[str] | None = None) -> int:
     for n in randoms:
         doc = run_row(["--mode=random", f"--nodes={n}", "--steps=2000", "--seed=1"])
         _print(doc, "random (2000 steps)", n, "-", "")
+    print()
+    print(f"Random walks with every fault ({' '.join(EVERY_FAULT)}):")
+    print()
+    print("| protocol | N | violation | walk ends checked | undecided | longest continuation |")
+    print("|---|---|---|---|---|---|")
+    walks = FAULTY_WALKS_QUICK if ns.quick else FAULTY_WALKS
+    for protocol, n in walks:
+        doc = run_row(["--mode=random", f"--protocol={protocol}", f"--nodes={n}", *EVERY_FAULT])
+        ends = doc["random_ends"]
+        assert isinstance(ends, dict)
+        violation = doc["violation"]
+        name = "none" if not violation else violation["name"]  # type: ignore[index]
+        print(
+            f"| {protocol} | {n} | {name} | {ends['checked']} | {ends['undecided']} | "
+            f"{ends['longest_continuation']} of {ends['continuation_bound']} moves, "
+            f"{float(doc['wall']):.1f} s wall, {float(doc['peak_mib']):.0f} MiB |",  # type: ignore[arg-type]
+            flush=True,
+        )
     return 0
 
 

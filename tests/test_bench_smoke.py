@@ -1,7 +1,7 @@
-"""Smoke tests of ``benchmarks/bench_stores.py`` and ``benchmarks/bench_handler.py``: a real
-quick run of each on the embedded stores (the figures themselves are for the docs, not
-asserted), and their refusal of bad flags. ``tests/test_bench_scale.py`` covers the scale
-benchmark."""
+"""Smoke tests of ``benchmarks/bench_stores.py``, ``benchmarks/bench_handler.py`` and
+``benchmarks/bench_model_check.py``: a real quick run of each (the figures themselves are
+for the docs, not asserted), and their refusal of bad flags.
+``tests/test_bench_scale.py`` covers the scale benchmark."""
 
 from __future__ import annotations
 
@@ -65,3 +65,19 @@ def test_bench_handler_runs_threads_and_processes() -> None:
     ], done.stdout
     for _, _, cas, conflicts in rows:
         assert int(cas) >= 2 and 0 <= int(conflicts) < int(cas)  # each node wrote itself in
+
+
+def test_bench_model_check_quick_prints_both_tables() -> None:
+    done = _run("bench_model_check.py", "--quick")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    exhaustive = re.findall(r"^\| exhaustive \| (\d) \| (on|off) \| (\d+) \|", out, re.M)
+    assert [(n, sym) for n, sym, _ in exhaustive] == [
+        (str(n), sym) for n in range(2, 6) for sym in ("on", "off")
+    ], out
+    for (_, _, on), (_, _, off) in zip(exhaustive[::2], exhaustive[1::2], strict=True):
+        assert int(on) <= int(off)  # the symmetry reduction never adds states
+    walks = re.findall(r"^\| (hardened|scale) \| 64 \| (\w+) \| (\d+) \| (\d+) \|", out, re.M)
+    # Every fault, and still no violation; every walk's end was decided.
+    assert [(p, v) for p, v, _, _ in walks] == [("hardened", "none"), ("scale", "none")], out
+    assert all(int(checked) >= 1 and undecided == "0" for _, _, checked, undecided in walks)
