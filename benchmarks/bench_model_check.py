@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = run_row(["--mode=random", f"--nodes={n}", "--steps=2000", "--seed=1"])
         _print(doc, "random (2000 steps)", n, "-", "")
     print()
-    print(f"Random walks with every fault ({' '.join(EVERY_FAULT)}):")
+    print(f"Random walks with every fault (`{' '.join(EVERY_FAULT)}`):")
     print()
     print("| protocol | N | violation | walk ends checked | undecided | longest continuation |")
     print("|---|---|---|---|---|---|")
