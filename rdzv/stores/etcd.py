@@ -550,29 +550,32 @@ class EtcdStore(RemoteStore):
         deleted = data.get("responses", [{}])[0].get("response_delete_range", {})
         return int(deleted.get("deleted", 0)) > 0
 
+    def _member_write(self, start: bytes, first: dict[str, Any], what: str) -> list[Any]:
+        """One transaction guarded like every write: ``first`` (the put or delete of a
+        member's key), then a count of the set's keys, which sees it; both responses."""
+        count = {
+            "request_range": {
+                "key": _b64(start),
+                "range_end": _b64(_prefix_end(start)),
+                "count_only": True,
+            }
+        }
+        responses: list[Any] = self._guarded_write([first, count], what).get("responses", [])
+        if len(responses) != 2:
+            raise RendezvousConnectionError(
+                f"etcd at {self._shown} answered {what} with {len(responses)} responses, "
+                "not 2; check that the server is etcd 3.4 or later"
+            )
+        return responses
+
     def add_member(self, key: str, member: bytes | str) -> int:
         start, data = self._set_prefix(key), check_member(member)
-        ops = [
-            {"request_put": {"key": _b64(start + data), "value": "", "prev_kv": True}},
-            {
-                "request_range": {
-                    "key": _b64(start),
-                    "range_end": _b64(_prefix_end(start)),
-                    "count_only": True,
-                }
-            },
-        ]
         # The put is idempotent, so _guarded_write's retries may resend the transaction
         # after an unknown outcome (a lost reply, etcd "timed out"): the member is there
         # once either way. The size is then the one at the resend, which may count
         # members other callers added in between.
-        reply = self._guarded_write(ops, "add_member")
-        responses = reply.get("responses", [])
-        if len(responses) != 2:
-            raise RendezvousConnectionError(
-                f"etcd at {self._shown} answered add_member with {len(responses)} responses, "
-                "not 2; check that the server is etcd 3.4 or later"
-            )
+        put = {"request_put": {"key": _b64(start + data), "value": "", "prev_kv": True}}
+        responses = self._member_write(start, put, "add_member")
         existed = bool(responses[0].get("response_put", {}).get("prev_kv"))
         size = int(responses[1].get("response_range", {}).get("count", 0))
         if size > MAX_SET_MEMBERS and not existed:
@@ -585,26 +588,11 @@ class EtcdStore(RemoteStore):
 
     def remove_member(self, key: str, member: bytes | str) -> int:
         start, data = self._set_prefix(key), check_member(member)
-        ops: list[dict[str, Any]] = [
-            {"request_delete_range": {"key": _b64(start + data)}},
-            {
-                "request_range": {
-                    "key": _b64(start),
-                    "range_end": _b64(_prefix_end(start)),
-                    "count_only": True,
-                }
-            },
-        ]
         # The delete is idempotent, so _guarded_write's retries may resend the
         # transaction after an unknown outcome: the member is gone either way, and the
         # size is the one at the resend.
-        reply = self._guarded_write(ops, "remove_member")
-        responses = reply.get("responses", [])
-        if len(responses) != 2:
-            raise RendezvousConnectionError(
-                f"etcd at {self._shown} answered remove_member with {len(responses)} "
-                "responses, not 2; check that the server is etcd 3.4 or later"
-            )
+        delete = {"request_delete_range": {"key": _b64(start + data)}}
+        responses = self._member_write(start, delete, "remove_member")
         return int(responses[1].get("response_range", {}).get("count", 0))
 
     # -- reads -----------------------------------------------------------------------
