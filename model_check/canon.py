@@ -55,7 +55,15 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import partial
 
-from model_check.model import CACHE_LIMIT, ModelConfig, Pc, Proc, World, decode_cached
+from model_check.model import (
+    CACHE_LIMIT,
+    IdentityCache,
+    ModelConfig,
+    Pc,
+    Proc,
+    World,
+    decode_cached,
+)
 from spec import NodeId, Phase, RendezvousState
 
 MAX_LEAVES = 40_320
@@ -219,15 +227,12 @@ _RECORDS: dict[tuple[object, bool, bool], _Record] = {}
 holds :data:`CACHE_LIMIT` entries."""
 
 
-_BY_OBJECT: dict[int, tuple[object, bool, bool, _Record]] = {}
-"""The same records found by the identity of the process or store bytes they were built
-from: a move changes one process, and the others are the very objects of the world before,
-so looking them up this way skips hashing their whole contents. Each entry keeps its
-object alive, so an ``id`` cannot be reused while its entry stands."""
+_BY_OBJECT: IdentityCache[_Record] = IdentityCache(CACHE_LIMIT)
+"""The same records found by the process or store bytes they were built from: a move
+changes one process, and the others are the very objects of the world before."""
 
-_PLAIN: dict[int, tuple[_Record, bytes]] = {}
-"""Each record's digest under the identities as they are (:func:`plain_fingerprint`), by
-the record's identity (the record is kept alive by its entry)."""
+_PLAIN: IdentityCache[bytes] = IdentityCache(CACHE_LIMIT)
+"""Each record's digest under the identities as they are (:func:`plain_fingerprint`)."""
 
 
 def _cached(
@@ -235,9 +240,9 @@ def _cached(
 ) -> _Record:
     obj, ranks, keep = key
     if by_object:
-        hit = _BY_OBJECT.get(id(obj))
-        if hit is not None and hit[0] is obj and hit[1] == ranks and hit[2] == keep:
-            return hit[3]
+        hit = _BY_OBJECT.get(obj, (ranks, keep))
+        if hit is not None:
+            return hit
     rec = _RECORDS.get(key)
     if rec is None:
         if len(_RECORDS) >= CACHE_LIMIT:
@@ -245,9 +250,7 @@ def _cached(
         rec = build()
         _RECORDS[key] = rec
     if by_object:
-        if len(_BY_OBJECT) >= CACHE_LIMIT:
-            _BY_OBJECT.clear()
-        _BY_OBJECT[id(obj)] = (obj, ranks, keep, rec)
+        _BY_OBJECT.put(obj, rec, (ranks, keep))
     return rec
 
 
@@ -306,13 +309,9 @@ def plain_fingerprint(world: World, cfg: ModelConfig) -> bytes:
 
 
 def _plain_digest(rec: _Record) -> bytes:
-    hit = _PLAIN.get(id(rec))
-    if hit is not None and hit[0] is rec:
-        return hit[1]
-    digest = _digest(_labelled(rec, _identity))
-    if len(_PLAIN) >= CACHE_LIMIT:
-        _PLAIN.clear()
-    _PLAIN[id(rec)] = (rec, digest)
+    digest = _PLAIN.get(rec)
+    if digest is None:
+        digest = _PLAIN.put(rec, _digest(_labelled(rec, _identity)))
     return digest
 
 

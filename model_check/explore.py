@@ -418,11 +418,15 @@ def _check_end(
     """Worlds right after a tick (a cycle of the continuation passes one, unless it is a
     livelock, which then runs into the bound)."""
     limit = settle_limit(len(world.procs))
+
+    def decided() -> None:
+        ends[0] += 1
+        result.settle_moves = max(result.settle_moves, len(extra))
+
     for _ in range(limit + 1):  # bounded by limit
         problems = unfinished_calls(world, cfg)
         if not problems:
-            ends[0] += 1
-            result.settle_moves = max(result.settle_moves, len(extra))
+            decided()
             return False
         key = (plain_fingerprint(world, cfg), turn) if not extra or ticked else None
         if key is not None and key in visited:
@@ -431,8 +435,7 @@ def _check_end(
             if problems_here is None:
                 ends[1] += 1  # an acceptable world is reachable, or the bound was hit
                 return False
-            ends[0] += 1
-            result.settle_moves = max(result.settle_moves, len(extra))
+            decided()
             result.violation = calls_end_violation(problems_here)
             result.path = [*path, *extra]
             return True
@@ -440,8 +443,7 @@ def _check_end(
             visited.add(key)
         moves = [m for m in enabled(world, cfg) if m.kind in _SETTLE_KINDS]
         if not moves:
-            ends[0] += 1
-            result.settle_moves = max(result.settle_moves, len(extra))
+            decided()
             result.violation = calls_end_violation(problems)
             result.path = [*path, *extra]
             return True

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import Generic, TypeVar
 
 import spec
 from spec import (
@@ -320,6 +321,34 @@ def encode_cached(state: RendezvousState) -> bytes:
     return data
 
 
+V = TypeVar("V")
+
+
+class IdentityCache(Generic[V]):
+    """Values derived from objects, found by the object's identity (``id``) and a tag,
+    without hashing the object's contents: worlds share most of their parts with the world
+    they came from, so looking parts up this way is cheap. Each entry keeps its object
+    alive, so an ``id`` cannot be reused while its entry stands. Cleared whenever the
+    entries' summed weights would pass ``budget`` (bounds memory)."""
+
+    def __init__(self, budget: int) -> None:
+        self._entries: dict[tuple[int, Hashable], tuple[object, V]] = {}
+        self._budget = budget
+        self._used = 0
+
+    def get(self, obj: object, tag: Hashable = None) -> V | None:
+        hit = self._entries.get((id(obj), tag))
+        return hit[1] if hit is not None and hit[0] is obj else None
+
+    def put(self, obj: object, value: V, tag: Hashable = None, weight: int = 1) -> V:
+        if self._used + weight > self._budget:
+            self._entries.clear()
+            self._used = 0
+        self._entries[(id(obj), tag)] = (obj, value)
+        self._used += weight
+        return value
+
+
 def store_state(world: World) -> RendezvousState:
     return EMPTY_STATE if world.store is None else decode_cached(world.store)
 
@@ -456,7 +485,9 @@ def forget_stale_sightings(
         if not seen or p.pc in (Pc.CRASHED, Pc.ENDED):
             continue
         if changed is not None and before is not None and p is before.procs[slot]:
-            values = _sighted(seen)
+            values = _SIGHTED.get(seen)
+            if values is None:
+                values = _SIGHTED.put(seen, {n: v for n, v, _ in seen}, weight=len(seen))
             if not any(n in values and dead(n, values[n]) for n in changed):
                 continue
         elif not any(dead(n, v) for n, v, _ in seen):
@@ -468,29 +499,13 @@ def forget_stale_sightings(
     return tuple(out)
 
 
-_SIGHTED: dict[int, tuple[object, dict[NodeId, int]]] = {}
-"""Each ``seen_beats`` tuple as a mapping node -> value seen, by the tuple's identity
-(kept alive by its entry): a process's sightings outlive many moves unchanged."""
-
 SIGHTED_ENTRIES = 1_000_000
-"""Most sightings :data:`_SIGHTED` holds in all before it is cleared (about 100 MB): at
-N = 256 one heartbeat can make a sighting stale in every other process, and so renew all
-their tuples."""
+"""Most sightings :data:`_SIGHTED` holds in all (about 100 MB): at N = 256 one heartbeat
+can make a sighting stale in every other process, and so renew all their tuples."""
 
-_sighted_entries = [0]
-
-
-def _sighted(seen: tuple[tuple[NodeId, int, int], ...]) -> dict[NodeId, int]:
-    hit = _SIGHTED.get(id(seen))
-    if hit is not None and hit[0] is seen:
-        return hit[1]
-    if _sighted_entries[0] + len(seen) > SIGHTED_ENTRIES:
-        _SIGHTED.clear()
-        _sighted_entries[0] = 0
-    values = {n: v for n, v, _ in seen}
-    _SIGHTED[id(seen)] = (seen, values)
-    _sighted_entries[0] += len(seen)
-    return values
+_SIGHTED: IdentityCache[dict[NodeId, int]] = IdentityCache(SIGHTED_ENTRIES)
+"""Each ``seen_beats`` tuple as a mapping node -> value seen: a process's sightings
+outlive many moves unchanged."""
 
 
 def rotate_beat_values(world: World) -> World:
