@@ -627,23 +627,31 @@ def _member_bounds(plain: Store, cfg: _Config) -> None:
     _expect_eq(store.members("s"), [b"ok"], "members() after rejected removes (nothing removed)")
 
 
-def _concurrent_add_member(plain: Store, cfg: _Config) -> None:
-    store = _sets_of(plain)
+def _sizes_at_once(cfg: _Config, call: Callable[[str], int], what: str, expected: range) -> None:
+    """``cfg.threads`` threads, started together, each ``call`` members ``t<i>.<j>`` for
+    ``j < cfg.increments``; the sizes returned, sorted, must be ``expected``."""
     n, m = cfg.threads, cfg.increments
     start = threading.Barrier(n, timeout=THREADS_START_S)
     sizes: list[list[int]] = [[] for _ in range(n)]
 
-    def joiner(i: int) -> None:
+    def worker(i: int) -> None:
         start.wait()
-        sizes[i].extend(store.add_member("joined", f"t{i}.{j}") for j in range(m))
+        sizes[i].extend(call(f"t{i}.{j}") for j in range(m))
 
-    workers = [_Worker(f"joiner-{i}", functools.partial(joiner, i)).start() for i in range(n)]
-    _join_all(workers, cfg.wake_s + CONCURRENT_WORK_S, "concurrent add_member()")
+    workers = [_Worker(f"{what}-{i}", functools.partial(worker, i)).start() for i in range(n)]
+    _join_all(workers, cfg.wake_s + CONCURRENT_WORK_S, f"concurrent {what}()")
     _expect_eq(
         sorted(v for r in sizes for v in r),
-        list(range(1, n * m + 1)),
-        f"the sizes {n}x{m} concurrent add_member() of distinct members returned (each once)",
+        list(expected),
+        f"the sizes {n}x{m} concurrent {what}() of distinct members returned (each once)",
     )
+
+
+def _concurrent_add_member(plain: Store, cfg: _Config) -> None:
+    store = _sets_of(plain)
+    n, m = cfg.threads, cfg.increments
+    add = functools.partial(store.add_member, "joined")
+    _sizes_at_once(cfg, add, "add_member", range(1, n * m + 1))
     everyone = sorted(f"t{i}.{j}".encode() for i in range(n) for j in range(m))
     _expect_eq(store.members("joined"), everyone, "members() after the concurrent adds")
     _expect_eq(store.add_member("joined", b"t0.0"), n * m, "re-adding a member afterwards")
@@ -723,20 +731,8 @@ def _concurrent_remove_member(plain: Store, cfg: _Config) -> None:
     for member in everyone:
         store.add_member("leaving", member)
     _expect_eq(len(store.members("leaving")), n * m, "members() before the concurrent removes")
-    start = threading.Barrier(n, timeout=THREADS_START_S)
-    sizes: list[list[int]] = [[] for _ in range(n)]
-
-    def leaver(i: int) -> None:
-        start.wait()
-        sizes[i].extend(store.remove_member("leaving", f"t{i}.{j}") for j in range(m))
-
-    workers = [_Worker(f"leaver-{i}", functools.partial(leaver, i)).start() for i in range(n)]
-    _join_all(workers, cfg.wake_s + CONCURRENT_WORK_S, "concurrent remove_member()")
-    _expect_eq(
-        sorted(v for r in sizes for v in r),
-        list(range(n * m)),
-        f"the sizes {n}x{m} concurrent remove_member() of distinct members returned (each once)",
-    )
+    remove = functools.partial(store.remove_member, "leaving")
+    _sizes_at_once(cfg, remove, "remove_member", range(n * m))
     _expect_eq(store.members("leaving"), [], "members() after every member was removed")
     _expect_eq(store.remove_member("leaving", b"t0.0"), 0, "removing a member again afterwards")
 
