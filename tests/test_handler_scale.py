@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from servers import EtcdServer, RedisServer
+from test_stores import MemoryWithout
 
 from rdzv import (
     RendezvousError,
@@ -32,7 +32,6 @@ from rdzv.errors import RendezvousTimeoutError
 from rdzv.handler import DynamicRendezvousHandler, IoStats
 from rdzv.store import Store
 from rdzv.stores import open_store
-from rdzv.stores.memory import MemoryStore
 from spec.codec import decode, encode_node
 
 JOIN_S = 60.0
@@ -123,25 +122,18 @@ def test_the_state_records_every_member_with_its_rank() -> None:
     assert len(announced) == 6
 
 
-class _PlainStore:
+class _PlainStore(MemoryWithout):
     """A store with only torch's Store methods (no announcement sets), over memory."""
 
-    def __init__(self) -> None:
-        self._inner = MemoryStore()
-
-    def __getattr__(self, name: str) -> Callable[..., object]:
-        if name in ("add_member", "members", "remove_member", "try_get"):
-            raise AttributeError(name)
-        attr: Callable[..., object] = getattr(self._inner, name)
-        return attr
+    LACKS = ("add_member", "members", "remove_member", "try_get")
 
 
 def test_a_store_without_announcement_sets_is_refused_clearly() -> None:
     store = _PlainStore()
-    backend = StoreRendezvousBackend(store, "job")  # type: ignore[arg-type]
+    backend = StoreRendezvousBackend(store, "job")
     handler = DynamicRendezvousHandler.from_backend(
         "job",
-        store,  # type: ignore[arg-type]
+        store,
         backend,
         1,
         1,

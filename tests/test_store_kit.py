@@ -12,9 +12,9 @@ import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
+from test_stores import MemoryWithout
 
 from rdzv.store import Store, as_bytes
 from rdzv.stores import MemoryStore, SQLiteStore
@@ -247,28 +247,16 @@ class RacyRemoveMember(_FirstCallRaces):
         return size
 
 
-class TorchLike:
+class TorchLike(MemoryWithout):
     """A correct store without member sets, like torch's own stores."""
 
-    def __init__(self) -> None:
-        self._inner = MemoryStore()
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("add_member", "remove_member", "members", "try_get"):
-            raise AttributeError(name)
-        return getattr(self._inner, name)
+    LACKS = ("add_member", "remove_member", "members", "try_get")
 
 
-class NoRemoveMember:
+class NoRemoveMember(MemoryWithout):
     """A store with member sets but no ``remove_member`` (one written before it existed)."""
 
-    def __init__(self) -> None:
-        self._inner = MemoryStore()
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "remove_member":
-            raise AttributeError(name)
-        return getattr(self._inner, name)
+    LACKS = ("remove_member",)
 
 
 def no_remove_member() -> Store:

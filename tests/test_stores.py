@@ -419,28 +419,31 @@ def test_a_full_member_set_refuses_new_members(
         store.close()
 
 
-class TorchLikeStore:
+class MemoryWithout:
+    """A correct memory store that lacks the methods named in ``LACKS`` (like torch's own
+    stores, or a store written before a method existed)."""
+
+    LACKS: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self._inner = MemoryStore()
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self.LACKS:
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+class TorchLikeStore(MemoryWithout):
     """A correct store without member sets (like torch's own stores)."""
 
-    def __init__(self) -> None:
-        self._inner = MemoryStore()
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("add_member", "remove_member", "members", "try_get"):
-            raise AttributeError(name)
-        return getattr(self._inner, name)
+    LACKS = ("add_member", "remove_member", "members", "try_get")
 
 
-class NoRemoveStore:
+class NoRemoveStore(MemoryWithout):
     """A store with every member-set method but ``remove_member`` (written before it)."""
 
-    def __init__(self) -> None:
-        self._inner = MemoryStore()
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "remove_member":
-            raise AttributeError(name)
-        return getattr(self._inner, name)
+    LACKS = ("remove_member",)
 
 
 def test_require_set_store_names_the_store_and_the_fix() -> None:
