@@ -143,19 +143,19 @@ def relevant_view(p: Proc, world: World, cfg: ModelConfig) -> bool:
     local = p.local
     if p.pc in (Pc.CRASHED, Pc.ENDED):
         return False
+    # A dirty view is written back with its token before anything else reads it; with a
+    # stale token that compare-and-set fails (a fault only fails it sooner), and the
+    # answer, or the next read, replaces the view.
+    written = local.dirty and (
+        local.token == (None if world.store is None else 1) or cfg.cas_ignores_token
+    )
     if local.phase is Phase.WAITING:
-        return local.dirty
+        return written
     if local.phase is Phase.WRITING:
-        faults, used = cfg.faults, world.used
-        return (
-            local.token == (None if world.store is None else 1)
-            or cfg.cas_ignores_token
-            or used[3] < faults.cas_unknown
-            or used[4] < faults.store_down
-        )
+        return written
     if local.phase is Phase.IDLE and p.pc is Pc.MEMBER:
         fresh = local.synced_at is not None and local.synced_at >= -cfg.settings.cache_duration
-        return local.dirty or fresh
+        return written or (fresh and not local.dirty)
     return True
 
 

@@ -436,6 +436,7 @@ def _time_matters(world: World) -> bool:
 def forget_stale_sightings(
     procs: tuple[Proc, ...],
     store: bytes | None,
+    used: tuple[int, ...],
     cfg: ModelConfig,
     before: World | None = None,
 ) -> tuple[Proc, ...]:
@@ -451,6 +452,10 @@ def forget_stale_sightings(
     values equal by capping both at the floor. Worlds that differ only in dead entries
     have the same futures; without the marker they would be told apart.
 
+    An entry first seen now (at 0, the model's monotonic now) is dead too in a process
+    that certainly reads before time advances (:func:`reads_before_tick`): at that read
+    the age carries over from 0 or restarts at 0, the same.
+
     ``before``: the world these processes come from, already without dead entries (every
     world a move makes is). Then only what can have changed is looked at: processes that
     are not the very objects of ``before``, and in the others only the entries of nodes
@@ -465,6 +470,7 @@ def forget_stale_sightings(
     """Nodes whose stored heartbeat differs from ``before``'s (None: look at everything)."""
     if (
         before is not None
+        and before.used == used
         and len(before.procs) == len(procs)
         and walls == {p.ident: p.skew * t for p in before.procs}
     ):
@@ -485,18 +491,43 @@ def forget_stale_sightings(
         if not seen or p.pc in (Pc.CRASHED, Pc.ENDED):
             continue
         if changed is not None and before is not None and p is before.procs[slot]:
+            # Unchanged, with the same faults left: only entries of changed nodes can
+            # have died since ``before``.
             values = _SIGHTED.get(seen)
             if values is None:
                 values = _SIGHTED.put(seen, {n: v for n, v, _ in seen}, weight=len(seen))
             if not any(n in values and dead(n, values[n]) for n in changed):
                 continue
-        elif not any(dead(n, v) for n, v, _ in seen):
-            continue
+            now_dead = False
+        else:
+            now_dead = reads_before_tick(p, used, cfg)
+            if not any(
+                dead(n, v) or (now_dead and at == 0 and v != STALE_SIGHTING) for n, v, at in seen
+            ):
+                continue
         kept = tuple(
-            (n, STALE_SIGHTING, STALE_SIGHTING) if dead(n, v) else (n, v, at) for n, v, at in seen
+            (n, STALE_SIGHTING, STALE_SIGHTING)
+            if dead(n, v) or (now_dead and at == 0 and v != STALE_SIGHTING)
+            else (n, v, at)
+            for n, v, at in seen
         )
         out[slot] = replace(p, local=replace(p.local, seen_beats=kept))
     return tuple(out)
+
+
+def reads_before_tick(p: Proc, used: tuple[int, ...], cfg: ModelConfig) -> bool:
+    """Whether ``p``'s next look at its heartbeat sightings is a read (or compare-and-set
+    answer) served before time next advances, in every future: its read or write is
+    pending (time waits for it), and no injected fault can make it fail into a later
+    read instead. A failure ends a ``next_rendezvous`` or ``shutdown`` call and with it
+    the process; one in a keep-alive or a poll falls back to an idle member, unless both
+    fault budgets that hit a pending store call are spent."""
+    if p.local.phase not in (Phase.READING, Phase.WRITING):
+        return False
+    if p.pc in (Pc.RDZV, Pc.CLOSING):
+        return True
+    faults = cfg.faults
+    return used[3] >= faults.cas_unknown and used[4] >= faults.store_down
 
 
 SIGHTED_ENTRIES = 1_000_000
@@ -577,7 +608,9 @@ class _Run:
     def world(self) -> World:
         procs = tuple(self.procs)
         if self.cfg.forgets_stale_sightings:
-            procs = forget_stale_sightings(procs, self.store, self.cfg, self.before)
+            procs = forget_stale_sightings(
+                procs, self.store, tuple(self.used), self.cfg, self.before
+            )
         world = World(
             self.store,
             procs,
