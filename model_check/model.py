@@ -518,16 +518,21 @@ def forget_stale_sightings(
 def reads_before_tick(p: Proc, used: tuple[int, ...], cfg: ModelConfig) -> bool:
     """Whether ``p``'s next look at its heartbeat sightings is a read (or compare-and-set
     answer) served before time next advances, in every future: its read or write is
-    pending (time waits for it), and no injected fault can make it fail into a later
+    pending (time waits for it), and injected faults cannot make it fail into a later
     read instead. A failure ends a ``next_rendezvous`` or ``shutdown`` call and with it
-    the process; one in a keep-alive or a poll falls back to an idle member, unless both
-    fault budgets that hit a pending store call are spent."""
+    the process. One in a poll leaves an idle member, which reads after the tick. One in
+    a keep-alive's write starts the poll at once, with the view still to be written, so
+    a second fault is needed: a writing keep-alive qualifies while fewer than two of the
+    faults that hit a pending store call (``--cas-unknown``, ``--store-down``) are left,
+    any other call while none is."""
     if p.local.phase not in (Phase.READING, Phase.WRITING):
         return False
     if p.pc in (Pc.RDZV, Pc.CLOSING):
         return True
     faults = cfg.faults
-    return used[3] >= faults.cas_unknown and used[4] >= faults.store_down
+    left = max(0, faults.cas_unknown - used[3]) + max(0, faults.store_down - used[4])
+    writing_keep_alive = p.pc is Pc.KEEP_ALIVE and p.local.phase is Phase.WRITING
+    return left < (2 if writing_keep_alive else 1)
 
 
 SIGHTED_ENTRIES = 1_000_000
