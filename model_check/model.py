@@ -463,7 +463,6 @@ def forget_stale_sightings(
     checks both give the same worlds).
     """
     t = cfg.tick_ms
-    floor = min(0, cfg.skew_ticks) * t - cfg.settings.heartbeat_expiry - t
     current: dict[NodeId, int] = {} if store is None else dict(decode_cached(store).last_heartbeats)
     walls = {p.ident: p.skew * t for p in procs}
     changed: set[NodeId] | None = None
@@ -476,14 +475,27 @@ def forget_stale_sightings(
     ):
         old = {} if before.store is None else dict(decode_cached(before.store).last_heartbeats)
         changed = {n for n in current.keys() | old.keys() if current.get(n) != old.get(n)}
-
-    def dead(node: NodeId, value: int) -> bool:
-        return (
-            value != STALE_SIGHTING
-            and current.get(node) != value
-            and value != floor
-            and value != walls.get(node)
+    expiry = cfg.settings.heartbeat_expiry
+    doomed = {
+        q.ident
+        for q in procs
+        if overwrites_before_tick(q, used, cfg)
+        and not any(
+            n == q.ident and v == current.get(n) and at < -expiry for n, v, at in q.local.seen_beats
         )
+    }
+    """Nodes whose stored heartbeat is certainly replaced before time advances."""
+    if changed is not None and before is not None and doomed:
+        changed |= {
+            q.ident
+            for q, b in zip(procs, before.procs, strict=True)
+            if q is not b and q.ident in doomed
+        }
+
+    def dead(node: NodeId, value: int, at: int) -> bool:
+        if value == STALE_SIGHTING or value == walls.get(node):
+            return False
+        return current.get(node) != value or (node in doomed and at >= -expiry)
 
     out = list(procs)
     for slot, p in enumerate(procs):
@@ -495,19 +507,20 @@ def forget_stale_sightings(
             # have died since ``before``.
             values = _SIGHTED.get(seen)
             if values is None:
-                values = _SIGHTED.put(seen, {n: v for n, v, _ in seen}, weight=len(seen))
-            if not any(n in values and dead(n, values[n]) for n in changed):
+                values = _SIGHTED.put(seen, {n: (v, at) for n, v, at in seen}, weight=len(seen))
+            if not any(n in values and dead(n, *values[n]) for n in changed):
                 continue
             now_dead = False
         else:
             now_dead = reads_before_tick(p, used, cfg)
             if not any(
-                dead(n, v) or (now_dead and at == 0 and v != STALE_SIGHTING) for n, v, at in seen
+                dead(n, v, at) or (now_dead and at == 0 and v != STALE_SIGHTING)
+                for n, v, at in seen
             ):
                 continue
         kept = tuple(
             (n, STALE_SIGHTING, STALE_SIGHTING)
-            if dead(n, v) or (now_dead and at == 0 and v != STALE_SIGHTING)
+            if dead(n, v, at) or (now_dead and at == 0 and v != STALE_SIGHTING)
             else (n, v, at)
             for n, v, at in seen
         )
@@ -535,13 +548,33 @@ def reads_before_tick(p: Proc, used: tuple[int, ...], cfg: ModelConfig) -> bool:
     return left < (2 if writing_keep_alive else 1)
 
 
+def overwrites_before_tick(p: Proc, used: tuple[int, ...], cfg: ModelConfig) -> bool:
+    """Whether ``p`` certainly writes its own heartbeat (its current wall clock) into the
+    state before time next advances: it is in a keep-alive with its compare-and-set
+    pending, and no fault is left that could stop it (a crash, or a failed store call).
+    Until the write lands time cannot advance, and each lost compare-and-set re-reads
+    and decides again: the keep-alive is not past its deadline (it started this tick),
+    and a stored heartbeat older than this tick is due, so it writes again. (A heartbeat
+    written this tick, or one pruned from the state, is not a value to replace.) The
+    caller also requires that ``p`` does not find its own heartbeat expired: it would
+    prune itself from its view, find no heartbeat due and write none."""
+    faults = cfg.faults
+    return (
+        p.pc is Pc.KEEP_ALIVE
+        and p.local.phase is Phase.WRITING
+        and used[0] >= faults.crash
+        and used[3] >= faults.cas_unknown
+        and used[4] >= faults.store_down
+    )
+
+
 SIGHTED_ENTRIES = 1_000_000
 """Most sightings :data:`_SIGHTED` holds in all (about 100 MB): at N = 256 one heartbeat
 can make a sighting stale in every other process, and so renew all their tuples."""
 
-_SIGHTED: IdentityCache[dict[NodeId, int]] = IdentityCache(SIGHTED_ENTRIES)
-"""Each ``seen_beats`` tuple as a mapping node -> value seen: a process's sightings
-outlive many moves unchanged."""
+_SIGHTED: IdentityCache[dict[NodeId, tuple[int, int]]] = IdentityCache(SIGHTED_ENTRIES)
+"""Each ``seen_beats`` tuple as a mapping node -> (value seen, first seen): a process's
+sightings outlive many moves unchanged."""
 
 
 def rotate_beat_values(world: World) -> World:
@@ -1045,8 +1078,14 @@ def _tick(run: _Run) -> None:
             cache[state] = got
         return got
 
+    stored_before: dict[NodeId, int] = {}
+    stored_after: dict[NodeId, int] = {}
     if run.store is not None:
-        run.store = encode_cached(shift(decode_cached(run.store)))
+        state = decode_cached(run.store)
+        stored_before = dict(state.last_heartbeats)
+        shifted = shift(state)
+        stored_after = dict(shifted.last_heartbeats)
+        run.store = encode_cached(shifted)
     settings = cfg.settings
     floor_beat = lo_wall - settings.heartbeat_expiry - t
     for slot, p in enumerate(run.procs):
@@ -1059,9 +1098,14 @@ def _tick(run: _Run) -> None:
         # The local liveness clock: shift the seen values exactly as the stored ones
         # (so equality with the store is preserved) and the first-seen times like every
         # monotonic time, capped once past the threshold they are compared with.
+        # A seen value that differs from the stored one never equals it again (only the
+        # owner writes it, each time its clock, which moves on): where capping both at
+        # the floor would make them equal, the sighting becomes the stale marker.
         seen_beats = tuple(
             (n, v, at)
             if v == STALE_SIGHTING
+            else (n, STALE_SIGHTING, STALE_SIGHTING)
+            if v != stored_before.get(n) and max(v - t, floor_beat) == stored_after.get(n)
             else (n, max(v - t, floor_beat), max(at - t, -settings.heartbeat_expiry - t))
             for n, v, at in local.seen_beats
         )
