@@ -500,6 +500,15 @@ def _rotated(world: World, cfg: ModelConfig) -> World:
     return rotate_beat_values(world)
 
 
+TWO_STORE_FAULTS = _hardened(
+    nodes=2,
+    min_nodes=2,
+    max_nodes=2,
+    max_rounds=1,
+    closes=0,
+    faults=Faults(cas_unknown=1, store_down=1),
+)
+
 ABSTRACTION_CASES = [
     # forget_stale_sightings (hardened's sightings of heartbeats in the state)
     pytest.param(
@@ -525,31 +534,16 @@ ABSTRACTION_CASES = [
     pytest.param(
         # Two faults can fail a keep-alive's write and then its poll's, so the member
         # idles into the next tick with what it saw now: the sightings of now stay.
-        _hardened(
-            nodes=2,
-            min_nodes=2,
-            max_nodes=2,
-            max_rounds=1,
-            closes=0,
-            faults=Faults(cas_unknown=1, store_down=1),
-        ),
+        TWO_STORE_FAULTS,
         "forget_stale",
         _forgotten,
         id="forget-two-store-faults",
     ),
     pytest.param(
-        # An expiry of one interval: after both faults fail a keep-alive and its poll, a
-        # sighting of that node is past the expiry when its next keep-alive is pending,
-        # so it must be kept (the observer may prune before the write lands).
-        _hardened(
-            nodes=2,
-            min_nodes=2,
-            max_nodes=2,
-            max_rounds=1,
-            closes=0,
-            keep_alive_max_attempt=1,
-            faults=Faults(cas_unknown=1, store_down=1),
-        ),
+        # An expiry of one interval: after both faults fail a keep-alive and its poll,
+        # the node can find its own heartbeat expired when its next keep-alive is
+        # pending; it prunes itself and writes none, so sightings of its value stay.
+        dataclasses.replace(TWO_STORE_FAULTS, keep_alive_max_attempt=1),
         "forget_stale",
         _forgotten,
         id="forget-expired-sighting",
@@ -607,9 +601,7 @@ def test_abstraction_commutes_with_every_move(
 
 
 VIEW_CASES = [
-    _hardened(
-        nodes=2, min_nodes=2, max_nodes=2, max_rounds=1, faults=Faults(cas_unknown=1, store_down=1)
-    ),
+    dataclasses.replace(TWO_STORE_FAULTS, closes=1),
     _hardened(nodes=3, min_nodes=2, max_nodes=3, max_rounds=1, faults=Faults(crash=1)),
     _cfg(nodes=2, min_nodes=1, max_nodes=2, faults=Faults(cas_unknown=1, store_down=1)),
     _cfg(nodes=2, min_nodes=1, max_nodes=2, faults=Faults(store_down=1), cas_ignores_token=True),
