@@ -448,13 +448,15 @@ def forget_stale_sightings(
     otherwise. An entry is dead once the stored value differs and can never equal it
     again: a node writes only its own heartbeat, always with its current wall clock (a
     constant in the model's frame, where stored times move down a tick at a time), so
-    only a value equal to that clock can be written again, and a tick only makes two
-    values equal by capping both at the floor. Worlds that differ only in dead entries
-    have the same futures; without the marker they would be told apart.
+    only a value equal to that clock can be written again (and a tick that caps both
+    values at the floor turns the entry into the marker itself). Worlds that differ only
+    in dead entries have the same futures; without the marker they would be told apart.
 
     An entry first seen now (at 0, the model's monotonic now) is dead too in a process
     that certainly reads before time advances (:func:`reads_before_tick`): at that read
-    the age carries over from 0 or restarts at 0, the same.
+    the age carries over from 0 or restarts at 0, the same. So is an entry not yet past
+    the expiry whose node must replace its stored value before time advances
+    (:func:`overwrites_before_tick`): until then every verdict on it is "not expired".
 
     ``before``: the world these processes come from, already without dead entries (every
     world a move makes is). Then only what can have changed is looked at: processes that
@@ -1098,9 +1100,9 @@ def _tick(run: _Run) -> None:
         # The local liveness clock: shift the seen values exactly as the stored ones
         # (so equality with the store is preserved) and the first-seen times like every
         # monotonic time, capped once past the threshold they are compared with.
-        # A seen value that differs from the stored one never equals it again (only the
-        # owner writes it, each time its clock, which moves on): where capping both at
-        # the floor would make them equal, the sighting becomes the stale marker.
+        # Real heartbeat values that differ never become equal as time passes: where
+        # capping both at the floor would make a seen value equal to a different stored
+        # one, the sighting becomes the stale marker (its age restarts at the next read).
         seen_beats = tuple(
             (n, v, at)
             if v == STALE_SIGHTING
