@@ -149,9 +149,7 @@ def relevant_view(p: Proc, world: World, cfg: ModelConfig) -> bool:
     written = local.dirty and (
         local.token == (None if world.store is None else 1) or cfg.cas_ignores_token
     )
-    if local.phase is Phase.WAITING:
-        return written
-    if local.phase is Phase.WRITING:
+    if local.phase in (Phase.WAITING, Phase.WRITING):
         return written
     if local.phase is Phase.IDLE and p.pc is Pc.MEMBER:
         fresh = local.synced_at is not None and local.synced_at >= -cfg.settings.cache_duration

@@ -499,6 +499,9 @@ def forget_stale_sightings(
             return False
         return current.get(node) != value or (node in doomed and at >= -expiry)
 
+    def forgotten(now_dead: bool, node: NodeId, value: int, at: int) -> bool:
+        return dead(node, value, at) or (now_dead and at == 0 and value != STALE_SIGHTING)
+
     out = list(procs)
     for slot, p in enumerate(procs):
         seen = p.local.seen_beats
@@ -515,15 +518,10 @@ def forget_stale_sightings(
             now_dead = False
         else:
             now_dead = reads_before_tick(p, used, cfg)
-            if not any(
-                dead(n, v, at) or (now_dead and at == 0 and v != STALE_SIGHTING)
-                for n, v, at in seen
-            ):
-                continue
+        if not any(forgotten(now_dead, n, v, at) for n, v, at in seen):
+            continue
         kept = tuple(
-            (n, STALE_SIGHTING, STALE_SIGHTING)
-            if dead(n, v, at) or (now_dead and at == 0 and v != STALE_SIGHTING)
-            else (n, v, at)
+            (n, STALE_SIGHTING, STALE_SIGHTING) if forgotten(now_dead, n, v, at) else (n, v, at)
             for n, v, at in seen
         )
         out[slot] = replace(p, local=replace(p.local, seen_beats=kept))
