@@ -64,7 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=8, help="processes launched (default 8)")
     p.add_argument("--min-nodes", type=int, default=None, help="default: nodes - 1 (>= 1)")
     p.add_argument("--max-nodes", type=int, default=None, help="default: nodes")
-    p.add_argument("--protocol", default="upstream", help="upstream, torch-2.13 or planted-*")
+    p.add_argument(
+        "--protocol",
+        default="upstream",
+        help="upstream (default), torch-2.13, hardened, scale or planted-*",
+    )
     p.add_argument("--mode", choices=("exhaustive", "random"), default="exhaustive")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=20_000, help="random mode: total moves")
