@@ -1,9 +1,10 @@
 """``python -m model_check``: explore the protocol and print a reproduction recipe.
 
 Exit codes: 0 every property holds in the explored space, 1 a violation was found (or a
-replayed trace reproduced its violation), 2 bad usage, 3 a ``--max-states`` or
-``--max-depth`` bound cut the search before it was exhaustive and no violation was found
-in the explored part.
+replayed trace reproduced its violation, or fired another one), 2 bad usage, 3 a
+``--max-states`` or ``--max-depth`` bound cut the search before it was exhaustive and no
+violation was found in the explored part. A violation is always printed: if its trace file
+cannot be written, the run says so on stderr and still exits 1.
 
 ``python -m model_check prove ...`` hands over to :mod:`model_check.prove` when that
 module is installed.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import resource
 import sys
 from collections.abc import Sequence
@@ -48,6 +50,62 @@ DEFAULT_TRACE = "model_check_counterexample.json"
 EXHAUSTIVE_NODE_LIMIT = 12
 """Largest --nodes accepted in exhaustive mode (beyond it, use --mode random)."""
 RANDOM_NODE_LIMIT = 1024
+"""Largest --nodes accepted in random mode and by --replay (a replay walks one path)."""
+DEFAULT_STEPS = 20_000
+"""Random mode's walk length when --steps is not given."""
+TICK_MS_RANGE = (2, 86_400_000)
+"""Allowed --tick-ms: a keep-alive interval of 2 ms to one day."""
+TICKS_LIMIT = 10_000
+"""Largest --join-timeout, --last-call, --close-timeout, --heartbeat-timeout and --skew,
+in ticks (every stored time stays far inside the codec's 64-bit range)."""
+WORKERS_LIMIT = 64
+"""Largest --workers (one process each)."""
+
+TIME_OPTIONS = ("join_timeout", "last_call", "close_timeout", "heartbeat_timeout")
+"""Options counted in ticks, each in 1..TICKS_LIMIT."""
+MODEL_OPTIONS = (
+    "nodes",
+    "min_nodes",
+    "max_nodes",
+    "protocol",
+    "max_rounds",
+    "closes",
+    "crash",
+    "restart_new",
+    "restart_same",
+    "cas_unknown",
+    "store_down",
+    "skew",
+    "late",
+    "tick_ms",
+    *TIME_OPTIONS,
+)
+"""Options that define the model, in the order of a trace's argv (each as --name=value)."""
+MODEL_FLAGS = ("duplicate_identity", "late_starts", "cas_ignores_token")
+"""Switches that define the model (in a trace's argv only when on)."""
+REPLAY_OPTIONS = frozenset({"replay", "json", "quiet"})
+"""What may accompany --replay: the trace carries every other setting."""
+
+MODEL_PROPERTIES = (
+    "complete_round_not_empty",
+    "return_is_member",
+    "world_size_in_range",
+    "rank_in_range",
+    "world_size_agreement",
+    "ranks_distinct",
+    "live_node_evicted",
+    "quorum_never_completes",
+    "dead_member_unreported",
+    CALLS_END,
+    "livelock",
+)
+"""Properties the checker itself reports (besides the spec's invariants)."""
+PROPERTIES = frozenset(
+    {inv.name for inv in spec.STATE_INVARIANTS}
+    | {inv.name for inv in spec.STEP_INVARIANTS}
+    | set(MODEL_PROPERTIES)
+)
+"""Every violation name a trace can carry."""
 
 
 class UsageError(Exception):
@@ -71,7 +129,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--mode", choices=("exhaustive", "random"), default="exhaustive")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=20_000, help="random mode: total moves")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"random mode: total moves (default {DEFAULT_STEPS:,})",
+    )
     p.add_argument("--max-rounds", type=int, default=2)
     p.add_argument("--closes", type=int, default=1, help="shutdown calls allowed")
     p.add_argument("--crash", type=int, default=0, help="crash budget")
@@ -79,23 +142,41 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--restart-same", type=int, default=0, help="restarts with the same identity")
     p.add_argument("--cas-unknown", type=int, default=0, help="CAS with unknown outcome")
     p.add_argument("--store-down", type=int, default=0, help="store unreachable for one call")
-    p.add_argument("--skew", type=int, default=0, help="process 0's wall clock runs ahead (ticks)")
+    p.add_argument(
+        "--skew",
+        type=int,
+        default=0,
+        help=f"process 0's wall clock runs ahead (0..{TICKS_LIMIT} ticks)",
+    )
     p.add_argument("--duplicate-identity", action="store_true", help="process 1 reuses 0's id")
     p.add_argument("--late-starts", action="store_true", help="every agent may start after t=0")
-    p.add_argument("--late", type=int, default=0, help="this many agents may start after t=0")
+    p.add_argument(
+        "--late", type=int, default=0, help="this many agents (<= nodes) may start after t=0"
+    )
     p.add_argument("--cas-ignores-token", action="store_true", help="planted store bug")
-    p.add_argument("--tick-ms", type=int, default=5000, help="one tick = keep-alive interval")
-    p.add_argument("--join-timeout", type=int, default=4, help="ticks")
-    p.add_argument("--last-call", type=int, default=1, help="ticks")
-    p.add_argument("--close-timeout", type=int, default=2, help="ticks")
-    p.add_argument("--heartbeat-timeout", type=int, default=1, help="ticks")
-    p.add_argument("--max-states", type=int, default=None, help="unique-state bound (default none)")
+    p.add_argument(
+        "--tick-ms",
+        type=int,
+        default=5000,
+        help=f"one tick = keep-alive interval ({TICK_MS_RANGE[0]}..{TICK_MS_RANGE[1]} ms)",
+    )
+    ticks = f"ticks (1..{TICKS_LIMIT})"
+    p.add_argument("--join-timeout", type=int, default=4, help=ticks)
+    p.add_argument("--last-call", type=int, default=1, help=ticks)
+    p.add_argument("--close-timeout", type=int, default=2, help=ticks)
+    p.add_argument("--heartbeat-timeout", type=int, default=1, help=ticks)
+    p.add_argument(
+        "--max-states",
+        type=int,
+        default=None,
+        help="exhaustive: unique-state bound (default none; 0 also means no bound)",
+    )
     p.add_argument(
         "--max-depth",
         type=int,
         default=None,
         help="exhaustive: check every run of at most this many moves (bounded model "
-        "checking; default none: the whole space)",
+        "checking; default none: the whole space; 0 also means no bound)",
     )
     p.add_argument("--no-symmetry", action="store_true")
     p.add_argument(
@@ -103,9 +184,22 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exhaustive: explore everything and list every property violated",
     )
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--replay", metavar="FILE")
-    p.add_argument("--trace-out", metavar="FILE")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help=f"random mode: parallel walks (1..{WORKERS_LIMIT})",
+    )
+    p.add_argument(
+        "--replay",
+        metavar="FILE",
+        help="re-run a trace file under its own settings (only --json and --quiet may be added)",
+    )
+    p.add_argument(
+        "--trace-out",
+        metavar="FILE",
+        help=f"where a counterexample's trace is written (default {DEFAULT_TRACE})",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p
@@ -120,26 +214,33 @@ def _variant(name: str) -> spec.Variant:
         raise UsageError(f"{exc} (or a planted bug: {', '.join(sorted(PLANTED))})") from None
 
 
-def build_config(ns: argparse.Namespace) -> tuple[ModelConfig, dict[str, Any]]:
-    """Validate the options; returns the model and every derived knob (for line one)."""
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _in_range(name: str, value: int, low: int, high: int, unit: str = "") -> None:
+    if not low <= value <= high:
+        raise UsageError(f"{_flag(name)} must be in {low}..{high}{unit}, got {value}")
+
+
+def build_config(
+    ns: argparse.Namespace, *, replaying: bool = False
+) -> tuple[ModelConfig, dict[str, Any]]:
+    """Validate the options; returns the model and every derived knob (for line one).
+
+    ``replaying``: the options come from a trace file, whose single path is walked
+    whatever its size (random mode's node limit applies) and whose mode is ``replay``.
+    """
     n = ns.nodes
-    limit = EXHAUSTIVE_NODE_LIMIT if ns.mode == "exhaustive" else RANDOM_NODE_LIMIT
+    exhaustive = ns.mode == "exhaustive"
+    limit = EXHAUSTIVE_NODE_LIMIT if exhaustive and not replaying else RANDOM_NODE_LIMIT
     if not 1 <= n <= limit:
-        raise UsageError(f"--nodes {n} must be in 1..{limit} for --mode {ns.mode}")
+        mode = "--replay" if replaying else f"--mode {ns.mode}"
+        raise UsageError(f"--nodes {n} must be in 1..{limit} for {mode}")
     min_nodes = ns.min_nodes if ns.min_nodes is not None else max(1, n - 1)
     max_nodes = ns.max_nodes if ns.max_nodes is not None else n
-    for name in (
-        "max_rounds",
-        "steps",
-        "tick_ms",
-        "join_timeout",
-        "last_call",
-        "close_timeout",
-        "heartbeat_timeout",
-        "workers",
-    ):
-        if getattr(ns, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(ns, name)}")
+    if ns.max_rounds < 1:
+        raise UsageError(f"--max-rounds must be >= 1, got {ns.max_rounds}")
     for name in (
         "late",
         "closes",
@@ -148,24 +249,49 @@ def build_config(ns: argparse.Namespace) -> tuple[ModelConfig, dict[str, Any]]:
         "restart_same",
         "cas_unknown",
         "store_down",
-        "skew",
     ):
         if getattr(ns, name) < 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(ns, name)}")
+            raise UsageError(f"{_flag(name)} must be >= 0, got {getattr(ns, name)}")
+    _in_range("tick_ms", ns.tick_ms, *TICK_MS_RANGE, " ms")
+    for name in TIME_OPTIONS:
+        _in_range(name, getattr(ns, name), 1, TICKS_LIMIT, " ticks")
+    _in_range("skew", ns.skew, 0, TICKS_LIMIT, " ticks")
+    _in_range("workers", ns.workers, 1, WORKERS_LIMIT)
+    if ns.late > n:
+        raise UsageError(
+            f"--late {ns.late} must be <= --nodes {n} (the last K processes start late)"
+        )
+    if ns.late_starts and ns.late:
+        raise UsageError(
+            "--late-starts already lets every process start late; pass it or --late K, not both"
+        )
     if ns.duplicate_identity and n < 2:
         raise UsageError("--duplicate-identity needs --nodes >= 2")
-    if ns.tick_ms < 2:
-        raise UsageError("--tick-ms must be >= 2")
+    if exhaustive and ns.steps is not None:
+        raise UsageError(
+            "--steps sets the length of a random walk (--mode random); the exhaustive "
+            "search is bounded by --max-states or --max-depth"
+        )
+    steps = DEFAULT_STEPS if ns.steps is None else ns.steps
+    if steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {steps}")
     max_states = ns.max_states
     if max_states is None:
         max_states = 0
     if max_states < 0:
         raise UsageError(f"--max-states must be >= 0, got {max_states}")
+    if ns.max_states is not None and not exhaustive:
+        raise UsageError("--max-states bounds the exhaustive search; random mode uses --steps")
     max_depth = ns.max_depth if ns.max_depth is not None else 0
     if max_depth < 0:
         raise UsageError(f"--max-depth must be >= 0, got {max_depth}")
-    if max_depth and ns.mode != "exhaustive":
+    if ns.max_depth is not None and not exhaustive:
         raise UsageError("--max-depth bounds the exhaustive search; random mode uses --steps")
+    if ns.keep_going and not exhaustive:
+        raise UsageError(
+            "--keep-going applies to the exhaustive search; a random walk stops at its "
+            "first violation (drop --keep-going, or use --mode exhaustive)"
+        )
     variant = _variant(ns.protocol)
     try:
         cfg = ModelConfig(
@@ -199,9 +325,9 @@ def build_config(ns: argparse.Namespace) -> tuple[ModelConfig, dict[str, Any]]:
         "nodes": n,
         "min_nodes": min_nodes,
         "max_nodes": max_nodes,
-        "mode": ns.mode,
+        "mode": "replay" if replaying else ns.mode,
         "seed": ns.seed,
-        "steps": ns.steps if ns.mode == "random" else "-",
+        "steps": "-" if exhaustive else steps,
         "symmetry": (
             "on"
             if symmetry
@@ -235,29 +361,9 @@ def build_config(ns: argparse.Namespace) -> tuple[ModelConfig, dict[str, Any]]:
 
 def canonical_argv(ns: argparse.Namespace, params: dict[str, Any]) -> list[str]:
     """Every option spelled out, so a trace file replays under the same model."""
-    argv = [
-        f"--nodes={ns.nodes}",
-        f"--min-nodes={params['min_nodes']}",
-        f"--max-nodes={params['max_nodes']}",
-        f"--protocol={params['protocol']}",
-        f"--max-rounds={ns.max_rounds}",
-        f"--closes={ns.closes}",
-        f"--crash={ns.crash}",
-        f"--restart-new={ns.restart_new}",
-        f"--restart-same={ns.restart_same}",
-        f"--cas-unknown={ns.cas_unknown}",
-        f"--store-down={ns.store_down}",
-        f"--skew={ns.skew}",
-        f"--late={ns.late}",
-        f"--tick-ms={ns.tick_ms}",
-        f"--join-timeout={ns.join_timeout}",
-        f"--last-call={ns.last_call}",
-        f"--close-timeout={ns.close_timeout}",
-        f"--heartbeat-timeout={ns.heartbeat_timeout}",
-    ]
-    for flag in ("duplicate_identity", "late_starts", "cas_ignores_token"):
-        if getattr(ns, flag):
-            argv.append("--" + flag.replace("_", "-"))
+    derived = {name: params[name] for name in ("min_nodes", "max_nodes", "protocol")}
+    argv = [f"{_flag(name)}={derived.get(name, getattr(ns, name))}" for name in MODEL_OPTIONS]
+    argv.extend(_flag(flag) for flag in MODEL_FLAGS if getattr(ns, flag))
     return argv
 
 
@@ -314,7 +420,37 @@ def _progress(stats: dict[str, float]) -> None:
     )
 
 
-def _write_trace(path: Path, argv: list[str], result: Result, lines: list[str]) -> None:
+def _given(args: list[str]) -> set[str]:
+    """The options ``args`` spells out (whatever their values), by destination name."""
+    p = _parser()
+    for action in p._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(p.parse_args(args)))
+
+
+def check_trace_path(path: Path) -> None:
+    """Fail now, before any search, if a trace could not be written to ``path``.
+
+    Opens the file for appending (which changes nothing in an existing file) and removes
+    it again if the check created it.
+    """
+    hint = f"pass --trace-out FILE in an existing, writable directory (e.g. ./{DEFAULT_TRACE})"
+    if path.is_dir():
+        raise UsageError(f"--trace-out {path} is a directory; {hint}")
+    if not path.parent.is_dir():
+        raise UsageError(f"--trace-out {path}: {path.parent} is not an existing directory; {hint}")
+    existed = os.path.lexists(path)
+    try:
+        with path.open("a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"--trace-out {path} cannot be written ({exc.strerror}); {hint}") from None
+    if not existed:
+        path.unlink(missing_ok=True)
+
+
+def _write_trace(path: Path, argv: list[str], result: Result, lines: list[str]) -> str | None:
+    """Write the trace file; returns why it could not be written, or None."""
     assert result.violation is not None
     doc = {
         "format": TRACE_FORMAT,
@@ -323,49 +459,117 @@ def _write_trace(path: Path, argv: list[str], result: Result, lines: list[str]) 
         "moves": [[m.kind, m.slot] for m in result.path],
         "rendered": lines,
     }
-    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    try:
+        path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    except OSError as exc:
+        return f"could not write the trace file {path} ({exc.strerror or exc})"
+    return None
 
 
-def _replay_main(path_text: str, ns_json: bool) -> int:
-    path = Path(path_text)
+def _trace_field(path: Path, field: str, expected: str) -> UsageError:
+    return UsageError(f"trace {path}: field {field!r} must be {expected}; re-create the trace")
+
+
+def load_trace(path: Path) -> tuple[list[str], str, list[Move]]:
+    """A trace file's argv, violation name and moves, each checked for shape."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read trace {path}: {exc}") from None
     if not isinstance(doc, dict) or doc.get("format") != TRACE_FORMAT:
         raise UsageError(f"{path} is not a {TRACE_FORMAT} trace file")
-    argv = [str(a) for a in doc["argv"]]
-    ns = _parser().parse_args(argv)
-    cfg, params = build_config(ns)
-    moves = [Move(str(k), int(s)) for k, s in doc["moves"]]
-    print(first_line({**params, "replay": str(path)}))
+    argv = doc.get("argv")
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        raise _trace_field(path, "argv", 'a list of option strings such as ["--nodes=2"]')
+    try:
+        extra = sorted(_given(argv) - set(MODEL_OPTIONS) - set(MODEL_FLAGS))
+    except UsageError as exc:
+        raise UsageError(f"trace {path}: field 'argv' is invalid: {exc}") from None
+    if extra:
+        raise _trace_field(path, "argv", f"model options only, not {', '.join(map(_flag, extra))}")
+    violation = doc.get("violation")
+    name = violation.get("name") if isinstance(violation, dict) else None
+    if not isinstance(name, str):
+        raise _trace_field(path, "violation", 'an object with a "name" (a property name)')
+    if name not in PROPERTIES:
+        raise _trace_field(
+            path, "violation.name", f"one of {', '.join(sorted(PROPERTIES))}, not {name!r}"
+        )
+    raw = doc.get("moves")
+    if not isinstance(raw, list) or not all(
+        isinstance(m, list)
+        and len(m) == 2
+        and isinstance(m[0], str)
+        and type(m[1]) is int  # not a bool
+        for m in raw
+    ):
+        raise _trace_field(
+            path, "moves", 'a list of [kind, process] pairs such as [["start", 0], ["tick", -1]]'
+        )
+    return argv, name, [Move(kind, slot) for kind, slot in raw]
+
+
+def _replay_main(path_text: str, as_json: bool) -> int:
+    path = Path(path_text)
+    argv, expected, moves = load_trace(path)
+    try:
+        cfg, params = build_config(_parser().parse_args(argv), replaying=True)
+    except UsageError as exc:
+        raise UsageError(f"trace {path}: field 'argv' is invalid: {exc}") from None
+    head = first_line({**params, "replay": str(path)})
+    if not as_json:
+        print(head)
     try:
         steps, _ = replay(cfg, moves)
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    for line in render_steps(cfg, steps):
-        print(line)
-    expected = doc["violation"]["name"]
+        raise UsageError(f"trace {path}: {exc}") from None
+    lines = render_steps(cfg, steps)
     got = [v.name for v in steps[-1][1].violations] if steps else []
+    world = steps[-1][1].world if steps else initial_world(cfg)
+    explanation: list[str] = []
     if expected == CALLS_END:
-        world = steps[-1][1].world if steps else initial_world(cfg)
         problems = doomed_from(world, cfg)
         if problems is not None:
-            print("from here no continuation without faults reaches a world where every call")
-            print("ended as specified: " + "; ".join(problems))
+            explanation.append("from here no continuation without faults reaches a world where")
+            explanation.append("every call ended as specified: " + "; ".join(problems))
             got.append(CALLS_END)
     if expected == "livelock":
-        world = steps[-1][1].world if steps else initial_world(cfg)
         cycle = on_timeless_cycle(world, cfg)
         if cycle is not None:
-            print(f"from here these {len(cycle)} moves return to an equivalent world without")
-            print("time advancing: " + ", ".join(map(str, cycle)))
+            explanation.append(
+                f"from here these {len(cycle)} moves return to an equivalent world without"
+            )
+            explanation.append("time advancing: " + ", ".join(map(str, cycle)))
             got.append("livelock")
-    if expected in got:
-        print(f"reproduced {expected} after {len(steps)} moves")
-        return 1
-    print(f"did NOT reproduce {expected} (the last move reported {got or 'nothing'})")
-    return 0
+    reproduced = expected in got
+    where = f"move {len(steps)} of {len(moves)}"
+    if reproduced:
+        verdict = f"reproduced {expected} after {len(steps)} moves"
+    elif got:
+        verdict = (
+            f"did NOT reproduce {expected}: a different violation fired instead at {where}: "
+            + ", ".join(got)
+        )
+    else:
+        verdict = f"did NOT reproduce {expected}: no violation after {len(steps)} moves"
+    if as_json:
+        doc = {
+            "params": {**params, "replay": str(path)},
+            "argv": argv,
+            "expected": expected,
+            "reproduced": reproduced,
+            "fired": got,
+            "moves": len(steps),
+            "trace_moves": len(moves),
+            "counterexample": lines,
+            "explanation": explanation,
+            "verdict": verdict,
+        }
+        print(json.dumps(doc, sort_keys=True))
+    else:
+        for line in [*lines, *explanation, verdict]:
+            print(line)
+    return 1 if got else 0
 
 
 def _ends(result: Result, cfg: ModelConfig) -> dict[str, int]:
@@ -392,7 +596,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        return int(prove.main(args[1:]))
+        try:
+            return int(prove.main(args[1:]))
+        except SystemExit as exc:
+            if not isinstance(exc.code, str):
+                raise
+            # prove.load_z3 exits with how to install z3: a setup problem, not a failed proof.
+            print(f"model_check: error: {exc.code}", file=sys.stderr)
+            return 2
     try:
         return _main(args)
     except UsageError as exc:
@@ -402,7 +613,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(args: list[str]) -> int:
     ns = _parser().parse_args(args)
-    if ns.replay:
+    if ns.replay is not None:
+        extra = sorted(_given(args) - REPLAY_OPTIONS)
+        if extra:
+            raise UsageError(
+                f"--replay takes no {', '.join(map(_flag, extra))}: the trace carries its own "
+                "configuration (only --json and --quiet may be added)"
+            )
         return _replay_main(ns.replay, ns.json)
     cfg, params = build_config(ns)
     argv = canonical_argv(ns, params)
@@ -411,6 +628,8 @@ def _main(args: list[str]) -> int:
             "--workers applies to --mode random (independent seeded walks in parallel "
             "processes); exhaustive search runs in one process, use --workers 1"
         )
+    if ns.trace_out is not None:
+        check_trace_path(Path(ns.trace_out))
     head = first_line(params)
     if not ns.json:
         print(head, flush=True)
@@ -430,17 +649,19 @@ def _main(args: list[str]) -> int:
     else:
         from model_check.parallel import run_random
 
-        result = run_random(ns.steps, ns.workers, ns.seed, argv)
+        result = run_random(int(params["steps"]), ns.workers, ns.seed, argv)
         complete = True
     lines: list[str] = []
     trace_path: Path | None = None
+    trace_error: str | None = None
     replay_cmd = ""
     if result.violation is not None:
         steps, _ = replay(cfg, result.path)
         lines = render_steps(cfg, steps)
         trace_path = Path(ns.trace_out or DEFAULT_TRACE)
-        _write_trace(trace_path, argv, result, lines)
-        replay_cmd = f"python -m model_check --replay {trace_path}"
+        trace_error = _write_trace(trace_path, argv, result, lines)
+        if trace_error is None:
+            replay_cmd = f"python -m model_check --replay {trace_path}"
     if ns.json:
         doc = {
             "params": params,
@@ -452,7 +673,8 @@ def _main(args: list[str]) -> int:
             "also_violated": [
                 {"name": v.name, "moves": len(p), "message": v.message} for v, p in found[1:]
             ],
-            "trace": str(trace_path) if trace_path else None,
+            "trace": str(trace_path) if trace_path and trace_error is None else None,
+            "trace_error": trace_error,
             "replay": replay_cmd or None,
             "states": result.states,
             "unique": result.unique,
@@ -475,8 +697,11 @@ def _main(args: list[str]) -> int:
                 print("cycle (no tick): " + ", ".join(map(str, cycle)))
             for other, path in found[1:]:
                 print(f"also violated: {other.name} ({len(path)} moves): {other.message}")
-            print(f"trace: {trace_path}")
-            print(f"replay: {replay_cmd}")
+            if trace_error is None:
+                print(f"trace: {trace_path}")
+                print(f"replay: {replay_cmd}")
+            else:
+                print(f"trace: not written ({trace_error})")
         elif not complete:
             bound = (
                 f"--max-states={params['max_states']}"
@@ -497,6 +722,13 @@ def _main(args: list[str]) -> int:
                 f"{ends['longest_continuation']} of {ends['continuation_bound']} moves)"
             )
         print(summary_line(result, complete=complete))
+    if trace_error is not None:
+        sys.stdout.flush()
+        print(
+            f"model_check: error: {trace_error}; the violation and its counterexample are on "
+            "stdout (exit 1); rerun with --trace-out FILE in a writable directory for a trace",
+            file=sys.stderr,
+        )
     if result.violation is not None:
         return 1
     return 0 if complete else 3

@@ -1,0 +1,329 @@
+"""``python -m model_check`` on bad input: one line on stderr, exit 2, no result lost.
+
+Each run here is tiny (upstream at N = 2 with a crash: 149 states), so the file takes a
+few seconds.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import spec
+from model_check.__main__ import (
+    DEFAULT_STEPS,
+    DEFAULT_TRACE,
+    PROPERTIES,
+    TICK_MS_RANGE,
+    TICKS_LIMIT,
+    WORKERS_LIMIT,
+    _parser,
+    build_config,
+    main,
+)
+from model_check.model import CALLS_END
+
+ROOT = Path(__file__).resolve().parent.parent
+CRASH = ["--nodes=2", "--min-nodes=2", "--max-nodes=2", "--crash=1", "--quiet"]
+"""Upstream's weakness 2: dead_member_unreported after 14 moves."""
+CRASH_NAME = "dead_member_unreported"
+
+Capsys = pytest.CaptureFixture[str]
+
+
+def _usage_error(args: list[str], capsys: Capsys) -> str:
+    """Run ``args``; require exit 2, nothing on stdout and one error line; return it."""
+    code = main(args)
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("model_check: error:"), err
+    return lines[0]
+
+
+def _good_trace(tmp_path: Path, capsys: Capsys) -> Path:
+    trace = tmp_path / "good.json"
+    assert main([*CRASH, "--trace-out", str(trace)]) == 1
+    capsys.readouterr()
+    return trace
+
+
+# -- 1. --trace-out -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        (lambda tmp: tmp / "missing" / "t.json", "is not an existing directory"),
+        (lambda tmp: tmp, "is a directory"),
+        (lambda tmp: tmp / "plain-file" / "t.json", "is not an existing directory"),
+        (lambda tmp: Path("/proc/model-check-trace.json"), "cannot be written"),
+    ],
+    ids=["missing-directory", "a-directory", "under-a-file", "proc"],
+)
+def test_an_unwritable_trace_out_is_rejected_before_the_search(
+    where: Callable[[Path], Path], message: str, tmp_path: Path, capsys: Capsys
+) -> None:
+    (tmp_path / "plain-file").write_text("not a directory\n")
+    line = _usage_error([*CRASH, "--trace-out", str(where(tmp_path))], capsys)
+    assert message in line and "pass --trace-out FILE" in line
+
+
+def test_checking_the_trace_path_leaves_no_file_behind(tmp_path: Path, capsys: Capsys) -> None:
+    fresh, kept = tmp_path / "fresh.json", tmp_path / "kept.json"
+    kept.write_text("earlier trace\n")
+    for path in (fresh, kept):
+        assert main(["--nodes", "2", "--quiet", "--trace-out", str(path)]) == 0
+    assert "result=complete" in capsys.readouterr().out
+    assert not fresh.exists()
+    assert kept.read_text() == "earlier trace\n"
+
+
+def test_a_trace_that_cannot_be_written_still_reports_the_violation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Capsys
+) -> None:
+    # The default trace path is only tried after the search (a run that finds nothing
+    # needs no trace); here it is a directory, so the write fails after the violation.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / DEFAULT_TRACE).mkdir()
+    assert main(CRASH) == 1
+    out, err = capsys.readouterr()
+    assert f"VIOLATION {CRASH_NAME}:" in out
+    assert "counterexample (14 moves):" in out and re.search(r"^\s+14\. ", out, re.M)
+    assert f"trace: not written (could not write the trace file {DEFAULT_TRACE}" in out
+    assert "replay:" not in out
+    assert out.strip().splitlines()[-1].endswith("result=violation")
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("model_check: error: could not write")
+
+    assert main([*CRASH, "--json"]) == 1
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["violation"]["name"] == CRASH_NAME
+    assert len(doc["counterexample"]) > 14
+    assert doc["trace"] is None and doc["replay"] is None
+    assert doc["trace_error"].startswith("could not write the trace file")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_written_trace_is_named_in_the_json(tmp_path: Path, capsys: Capsys) -> None:
+    trace = tmp_path / "t.json"
+    assert main([*CRASH, "--json", "--trace-out", str(trace)]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["trace"], doc["trace_error"]) == (str(trace), None)
+    assert json.loads(trace.read_text())["violation"]["name"] == CRASH_NAME
+
+
+# -- 2. the shape of a trace ------------------------------------------------------------------
+Edit = Callable[[dict[str, Any]], object]
+MALFORMED: list[tuple[str, Edit, str]] = [
+    ("no moves", lambda d: d.pop("moves"), "'moves'"),
+    ("no argv", lambda d: d.pop("argv"), "'argv'"),
+    ("no violation", lambda d: d.pop("violation"), "'violation'"),
+    ("violation a string", lambda d: d.update(violation="weird"), "'violation'"),
+    ("moves null", lambda d: d.update(moves=None), "'moves'"),
+    ("slot not a number", lambda d: d.update(moves=[["start", "x"]]), "'moves'"),
+    ("move without slot", lambda d: d.update(moves=[["start"]]), "'moves'"),
+    ("slot a bool", lambda d: d.update(moves=[["start", True]]), "'moves'"),
+    ("argv a string", lambda d: d.update(argv="--nodes=2"), "'argv'"),
+    ("argv not a model option", lambda d: d["argv"].append("--mode=random"), "--mode"),
+    ("argv unknown option", lambda d: d["argv"].append("--bogus"), "'argv'"),
+    ("argv out of range", lambda d: d["argv"].append("--tick-ms=1"), "--tick-ms"),
+]
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"), [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED]
+)
+def test_a_malformed_trace_is_a_usage_error_naming_the_field(
+    edit: Edit, field: str, tmp_path: Path, capsys: Capsys
+) -> None:
+    doc = json.loads(_good_trace(tmp_path, capsys).read_text())
+    bad = tmp_path / "bad.json"
+    edited = copy.deepcopy(doc)
+    edit(edited)
+    bad.write_text(json.dumps(edited))
+    line = _usage_error(["--replay", str(bad)], capsys)
+    assert f"trace {bad}" in line and field in line
+
+
+def test_a_move_that_is_not_enabled_is_a_usage_error(tmp_path: Path, capsys: Capsys) -> None:
+    doc = json.loads(_good_trace(tmp_path, capsys).read_text())
+    doc["moves"] = [["start", 7]]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    assert main(["--replay", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "move 1 (start(7)) is not enabled" in err[0]
+
+
+# -- 3. the violation a trace names -------------------------------------------------------------
+def test_an_unknown_property_is_rejected_with_the_valid_names(
+    tmp_path: Path, capsys: Capsys
+) -> None:
+    trace = _good_trace(tmp_path, capsys)
+    doc = json.loads(trace.read_text())
+    doc["violation"]["name"] = "no_such_property"
+    trace.write_text(json.dumps(doc))
+    line = _usage_error(["--replay", str(trace)], capsys)
+    assert "'no_such_property'" in line
+    assert all(name in line for name in (CRASH_NAME, CALLS_END, "livelock", "lists_disjoint"))
+
+
+def test_a_replay_that_fires_another_violation_exits_1_and_names_it(
+    tmp_path: Path, capsys: Capsys
+) -> None:
+    trace = _good_trace(tmp_path, capsys)
+    doc = json.loads(trace.read_text())
+    doc["violation"]["name"] = "world_size_agreement"
+    trace.write_text(json.dumps(doc))
+    assert main(["--replay", str(trace)]) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == (
+        "did NOT reproduce world_size_agreement: a different violation fired instead at "
+        f"move 14 of 14: {CRASH_NAME}"
+    )
+
+
+def test_a_replay_without_any_violation_exits_0(tmp_path: Path, capsys: Capsys) -> None:
+    trace = _good_trace(tmp_path, capsys)
+    doc = json.loads(trace.read_text())
+    doc["moves"] = doc["moves"][:3]
+    trace.write_text(json.dumps(doc))
+    assert main(["--replay", str(trace)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == f"did NOT reproduce {CRASH_NAME}: no violation after 3 moves"
+
+
+def test_every_property_the_checker_reports_is_a_valid_trace_name() -> None:
+    # The names the model and the explorer report, read from their source, and the spec's.
+    found = set()
+    for module in ("model", "explore"):
+        text = (ROOT / "model_check" / f"{module}.py").read_text()
+        found |= set(re.findall(r'(?:violate|Violation)\(\s*"(\w+)"', text))
+    found |= {inv.name for inv in spec.STATE_INVARIANTS}
+    found |= {inv.name for inv in spec.STEP_INVARIANTS}
+    found.add(CALLS_END)
+    assert len(found) > 15
+    assert found == set(PROPERTIES)
+
+
+# -- 4. options given with --replay ---------------------------------------------------------
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--protocol", "hardened", "--nodes", "5"],
+        ["--nodes", "2"],  # even the trace's own value
+        ["--seed", "0"],
+        ["--trace-out", "x.json"],
+        ["--mode", "random"],
+        ["--keep-going"],
+    ],
+)
+def test_replay_rejects_options_the_trace_carries(
+    extra: list[str], tmp_path: Path, capsys: Capsys
+) -> None:
+    trace = _good_trace(tmp_path, capsys)
+    line = _usage_error(["--replay", str(trace), *extra], capsys)
+    assert "the trace carries its own configuration" in line
+    assert extra[0] in line
+
+
+def test_replay_takes_json_and_quiet(tmp_path: Path, capsys: Capsys) -> None:
+    trace = _good_trace(tmp_path, capsys)
+    assert main(["--replay", str(trace), "--json", "--quiet"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["reproduced"] is True and doc["fired"] == [CRASH_NAME]
+    assert doc["expected"] == CRASH_NAME and doc["moves"] == doc["trace_moves"] == 14
+    assert doc["params"]["replay"] == str(trace) and doc["params"]["mode"] == "replay"
+    assert doc["verdict"] == f"reproduced {CRASH_NAME} after 14 moves"
+    assert doc["counterexample"][-1].startswith("final store:")
+    assert main(["--replay", str(trace), "--quiet"]) == 1
+    assert f"reproduced {CRASH_NAME} after 14 moves" in capsys.readouterr().out
+
+
+def test_a_random_walk_trace_beyond_the_exhaustive_node_limit_replays(
+    tmp_path: Path, capsys: Capsys
+) -> None:
+    trace = tmp_path / "walk.json"
+    args = ["--mode", "random", "--nodes", "16", "--min-nodes", "2", "--skew", "4"]
+    assert main([*args, "--steps", "300", "--quiet", "--trace-out", str(trace)]) == 1
+    name = json.loads(trace.read_text())["violation"]["name"]
+    capsys.readouterr()
+    assert main(["--replay", str(trace)]) == 1
+    assert f"reproduced {name}" in capsys.readouterr().out
+
+
+# -- 5. to 7. options that were accepted and ignored, or out of range -----------------------
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mode", "random", "--steps", "50", "--max-states", "10"], "--max-states bounds"),
+        (["--mode", "random", "--max-states", "0"], "--max-states bounds"),
+        (["--late", "3"], "--late 3 must be <= --nodes 2"),
+        (["--late-starts", "--late", "1"], "--late-starts already"),
+        (["--steps", "10"], "--steps sets the length of a random walk"),
+        (["--mode", "random", "--keep-going"], "--keep-going applies to the exhaustive"),
+        (["--tick-ms", "100000000000000000000"], f"--tick-ms must be in 2..{TICK_MS_RANGE[1]}"),
+        (["--tick-ms", "1"], "--tick-ms must be in 2.."),
+        (["--join-timeout", str(TICKS_LIMIT + 1)], f"--join-timeout must be in 1..{TICKS_LIMIT}"),
+        (["--last-call", "0"], "--last-call must be in 1.."),
+        (["--close-timeout", "10" * 12], "--close-timeout must be in 1.."),
+        (["--heartbeat-timeout", "-1"], "--heartbeat-timeout must be in 1.."),
+        (["--skew", str(TICKS_LIMIT + 1)], f"--skew must be in 0..{TICKS_LIMIT}"),
+        (["--mode", "random", "--workers", str(WORKERS_LIMIT + 1)], "--workers must be in 1.."),
+        (["--mode", "random", "--steps", "0"], "--steps must be >= 1"),
+    ],
+)
+def test_ignored_or_out_of_range_options_are_usage_errors(
+    args: list[str], message: str, capsys: Capsys
+) -> None:
+    assert message in _usage_error(["--nodes", "2", *args], capsys)
+
+
+def test_the_bounds_that_remain_accepted(capsys: Capsys) -> None:
+    # --late equal to --nodes (everybody may start late), the largest time values, and a
+    # bound of 0 (no bound, as the benchmark passes it) still run.
+    ok = [
+        ["--nodes", "2", "--late", "2", "--max-rounds", "1", "--closes", "0"],
+        ["--nodes", "2", "--tick-ms", str(TICK_MS_RANGE[1]), "--join-timeout", str(TICKS_LIMIT)],
+        ["--nodes", "2", "--max-states", "0", "--max-depth", "0"],
+    ]
+    for args in ok:
+        assert main([*args, "--quiet"]) == 0, args
+        assert "result=complete" in capsys.readouterr().out
+
+
+def test_steps_default_only_in_random_mode() -> None:
+    _, walk = build_config(_parser().parse_args(["--mode", "random", "--nodes", "2"]))
+    _, search = build_config(_parser().parse_args(["--nodes", "2"]))
+    assert (walk["steps"], search["steps"]) == (DEFAULT_STEPS, "-")
+
+
+def test_help_says_that_a_bound_of_zero_is_no_bound(capsys: Capsys) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.count("0 also means no bound") == 2  # --max-states and --max-depth
+
+
+# -- 8. prove without z3 ---------------------------------------------------------------------
+def test_prove_without_z3_is_a_setup_error(monkeypatch: pytest.MonkeyPatch, capsys: Capsys) -> None:
+    monkeypatch.setitem(sys.modules, "z3", None)  # `import z3` now fails
+    assert main(["prove", "--variant", "upstream"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("model_check: error: the proofs need z3")
+    assert "pip install" in lines[0]
+
+
+def test_an_empty_replay_path_is_not_a_search(capsys: Capsys) -> None:
+    assert "cannot read trace" in _usage_error(["--replay", ""], capsys)
