@@ -26,7 +26,14 @@ from rdzv.store import DEFAULT_STORE_TIMEOUT, Store
 from rdzv.stores.common import check_timeout
 from rdzv.stores.memory import MemoryStore, drop_memory_store, memory_store_names
 from rdzv.stores.sqlite import SQLiteStore, open_sqlite
-from rdzv.stores.url import StoreUrlError, is_valid_scheme, redact, split_query, split_url
+from rdzv.stores.url import (
+    StoreUrlError,
+    has_userinfo,
+    is_valid_scheme,
+    redact,
+    split_query,
+    split_url,
+)
 
 __all__ = [
     "MemoryStore",
@@ -154,8 +161,14 @@ def open_store(url: str, *, timeout: timedelta | None = None) -> Store:
 
 
 def _open_memory(url: str, timeout: timedelta) -> MemoryStore:
-    _, rest = split_url(url)
-    name, params = split_query(rest)
+    split_url(url)
+    shown = redact(url)
+    if has_userinfo(url):
+        raise StoreUrlError(
+            f"memory URL {shown!r} has a user:password@ part, which memory stores do not "
+            "take; name the store without ':' before an '@' (e.g. memory://job1)"
+        )
+    name, params = split_query(url)
     if params:
         raise StoreUrlError(f"memory:// URLs take no query parameters, got {sorted(params)}")
     try:

@@ -76,10 +76,10 @@ from rdzv.stores.remote import (
     OutcomeUnknown,
     RemoteStore,
     backoff_delays,
-    float_param,
     parse_remote_url,
     prefix_param,
     retries_param,
+    timeout_param,
     tls_params,
     with_retries,
 )
@@ -155,9 +155,8 @@ class EtcdStore(RemoteStore):
             raise StoreUrlError(f"{parsed.shown!r}: give both user and password (user:pw@host)")
         prefix = prefix_param(parsed, DEFAULT_PREFIX, "#")
         retries = retries_param(parsed)
-        request_timeout = float_param(parsed, "request_timeout", DEFAULT_REQUEST_TIMEOUT_S)
-        connect_timeout = float_param(parsed, "connect_timeout", DEFAULT_CONNECT_TIMEOUT_S)
-        assert request_timeout is not None and connect_timeout is not None
+        request_timeout = timeout_param(parsed, "request_timeout", DEFAULT_REQUEST_TIMEOUT_S)
+        connect_timeout = timeout_param(parsed, "connect_timeout", DEFAULT_CONNECT_TIMEOUT_S)
         tls = tls_params(parsed, parsed.scheme == "etcds")
         super().__init__(parsed, prefix, retries, timeout)
         self._ns = f"{prefix}/".encode()

@@ -23,6 +23,13 @@ Theory of operation:
   deletes a set whose last member goes, which is exactly an empty set here);
   ``members`` is one ``SMEMBERS``, sorted here; ``try_get`` is one ``GET``.
 - Values are raw bytes; the store never decodes, evaluates or unpickles them.
+- Foreign data: a key of the namespace that holds another Redis type than the store
+  keeps there (a hash or list where a string belongs, say) is reported as
+  :class:`~rdzv.errors.RendezvousStateError` naming the key and its type, by every call
+  that reads it (``get``, ``try_get``, ``check``, ``wait``, ``compare_set``, ``add``,
+  ``wait_for_change``, the member-set calls), and left as found. Reads that Redis answers
+  without an error for such a key (``MGET`` gives nil, ``EXISTS`` counts it) go through
+  small Lua scripts that check each key's type.
 
 Failures: connection errors and socket timeouts are retried ``retries`` times with
 backoff (:mod:`rdzv.stores.remote`), then raised as
@@ -48,7 +55,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, cast
 
-from rdzv.errors import RendezvousConnectionError
+from rdzv.errors import RendezvousConnectionError, RendezvousError, RendezvousStateError
 from rdzv.store import DEFAULT_STORE_TIMEOUT, MAX_SET_MEMBERS, as_bytes
 from rdzv.stores.common import (
     check_amount,
@@ -68,6 +75,7 @@ from rdzv.stores.remote import (
     parse_remote_url,
     prefix_param,
     retries_param,
+    timeout_param,
     tls_params,
 )
 from rdzv.stores.url import StoreUrlError
@@ -80,6 +88,11 @@ DEFAULT_CONNECT_TIMEOUT_S = 5.0
 """Bound on opening one connection (URL parameter ``connect_timeout``)."""
 ADD_RECORD_S = 600
 """How long ``add`` keeps the record that lets a retry after a lost reply find its result."""
+MIN_TTL_S = 1.0
+"""Smallest ``ttl`` (seconds): a shorter expiry would drop keys before peers read them."""
+MAX_TTL_S = 10 * 365 * 86_400.0
+"""Largest ``ttl`` (ten years, in seconds); Redis refuses expiries whose milliseconds
+overflow, and a longer one is no expiry at all in practice."""
 _PARAMS = (
     "prefix",
     "ttl",
@@ -91,6 +104,36 @@ _PARAMS = (
     "key",
     "check_hostname",
 )
+
+# KEYS: k1..kn.  Returns {'ok', {v1..vn}} (false, a nil reply, for an absent key), or
+# {'type', key, type} for the first key that holds another Redis type than a string
+# (MGET would answer nil for it, as if it were absent).
+_READ = """
+local out = {}
+for i = 1, #KEYS do
+  local v = redis.pcall('GET', KEYS[i])
+  if type(v) == 'table' then
+    return {'type', KEYS[i], redis.call('TYPE', KEYS[i])['ok']}
+  end
+  out[i] = v
+end
+return {'ok', out}
+"""
+
+# KEYS: k1..kn (distinct).  Returns {'ok', how many exist}, or {'type', key, type} for
+# the first key that holds another Redis type than a string (EXISTS would count it).
+_PRESENT = """
+local n = 0
+for i = 1, #KEYS do
+  local t = redis.call('TYPE', KEYS[i])['ok']
+  if t == 'string' then
+    n = n + 1
+  elseif t ~= 'none' then
+    return {'type', KEYS[i], t}
+  end
+end
+return {'ok', n}
+"""
 
 # KEYS: k1..kn, index.  ARGV: ttl_ms, v1..vn, channel1..channeln.
 _SET = """
@@ -232,14 +275,22 @@ class RedisStore(RemoteStore):
             raise StoreUrlError(f"{parsed.shown!r} is not a redis:// or rediss:// URL")
         db = _db_of(parsed)
         prefix = prefix_param(parsed, DEFAULT_PREFIX, "#:")
-        ttl = float_param(parsed, "ttl", None)
+        ttl = float_param(
+            parsed,
+            "ttl",
+            None,
+            MIN_TTL_S,
+            MAX_TTL_S,
+            "keys must outlive the time peers take to read them, and Redis refuses "
+            "expiries beyond its range (ten years is the most this store sets)",
+        )
         retries = retries_param(parsed)
-        socket_timeout = float_param(parsed, "socket_timeout", DEFAULT_SOCKET_TIMEOUT_S)
-        connect_timeout = float_param(parsed, "connect_timeout", DEFAULT_CONNECT_TIMEOUT_S)
+        socket_timeout = timeout_param(parsed, "socket_timeout", DEFAULT_SOCKET_TIMEOUT_S)
+        connect_timeout = timeout_param(parsed, "connect_timeout", DEFAULT_CONNECT_TIMEOUT_S)
         tls = tls_params(parsed, parsed.scheme == "rediss")
         super().__init__(parsed, prefix, retries, timeout)
         self._db = db
-        self._ttl_ms = 0 if ttl is None else max(1, round(ttl * 1000))
+        self._ttl_ms = 0 if ttl is None else round(ttl * 1000)
         self._index = f"{prefix}#index"
         self._epoch_key = f"{prefix}#epoch"
         self._lock = threading.Lock()
@@ -278,6 +329,8 @@ class RedisStore(RemoteStore):
         self._remove_member_script: Any = self._client.register_script(_REMOVE_MEMBER)
         self._changed_script: Any = self._client.register_script(_CHANGED)
         self._fetch_script: Any = self._client.register_script(_FETCH_IF_CHANGED)
+        self._read_script: Any = self._client.register_script(_READ)
+        self._present_script: Any = self._client.register_script(_PRESENT)
         self._seen: dict[str, bytes] = {}
         self._open_epoch()
 
@@ -346,8 +399,10 @@ class RedisStore(RemoteStore):
             exc, redis.ConnectionError | redis.TimeoutError | OutcomeUnknown | OSError
         )
 
-    def _explain(self, exc: Exception, doing: str) -> RendezvousConnectionError | None:
+    def _explain(self, exc: Exception, doing: str, keys: Sequence[str]) -> RendezvousError | None:
         redis = self._redis
+        if isinstance(exc, redis.ResponseError) and "WRONGTYPE" in str(exc):
+            return self._wrong_type(keys, doing, exc)
         if isinstance(exc, redis.AuthenticationError | redis.exceptions.AuthorizationError):
             return RendezvousConnectionError(
                 f"the Redis server at {self._shown} refused the credentials while {doing} "
@@ -367,6 +422,55 @@ class RedisStore(RemoteStore):
                 f"({type(exc).__name__}: {exc}); check the server's log"
             )
         return None
+
+    def _expected_type(self, full: str) -> str:
+        """The Redis type this store keeps at the Redis key ``full``."""
+        if full == self._index or full.startswith(f"{self._prefix}#set:"):
+            return "set"
+        return "string"
+
+    def _foreign(self, full: str, kind: str, doing: str) -> RendezvousStateError:
+        """The error for the Redis key ``full`` holding a ``kind`` (a Redis type) where
+        this store keeps another type."""
+        expected = self._expected_type(full)
+        plain = f"{self._prefix}:"
+        named = f" (store key {full[len(plain) :]!r})" if full.startswith(plain) else ""
+        return RendezvousStateError(
+            f"the Redis key {full!r}{named} at {self._shown} holds a Redis {kind}, where "
+            f"this store keeps a {expected}: {doing} cannot use it, and left it as found. "
+            "Another program wrote it, or uses this store's prefix "
+            f"{self._prefix!r} too. Delete the key (redis-cli -n {self._db} DEL "
+            f"'{full}') once no node of the job uses it, or give the job a prefix of its "
+            "own (?prefix=... in the URL)"
+        )
+
+    def _wrong_type(self, keys: Sequence[str], doing: str, exc: Exception) -> RendezvousStateError:
+        """Redis answered WRONGTYPE: name the key among ``keys`` that holds a foreign
+        type (asking the server for their types), or, when that fails, say what is known."""
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for full in keys:
+                pipe.type(full)
+            kinds = pipe.execute()
+        except self._redis.RedisError:
+            kinds = []
+        for full, raw in zip(keys, kinds, strict=False):
+            kind = raw.decode() if isinstance(raw, bytes) else str(raw)
+            if kind not in ("none", self._expected_type(full)):
+                return self._foreign(full, kind, doing)
+        return RendezvousStateError(
+            f"a Redis key under the prefix {self._prefix!r} at {self._shown} holds another "
+            f"Redis type than this store keeps there, so {doing} failed ({exc}); another "
+            "program writes under this prefix: give the job a prefix of its own "
+            "(?prefix=... in the URL), or delete the foreign keys"
+        )
+
+    def _checked(self, reply: Any, doing: str) -> Any:
+        """The payload of a ``_READ``/``_PRESENT`` reply; a foreign type is an error."""
+        status = bytes(reply[0])
+        if status == b"type":
+            raise self._foreign(bytes(reply[1]).decode(), bytes(reply[2]).decode(), doing)
+        return reply[1]
 
     def _k(self, key: str) -> str:
         return f"{self._prefix}:{check_key(key)}"
@@ -388,7 +492,11 @@ class RedisStore(RemoteStore):
         full = [self._k(k) for k in names]
         data = [as_bytes(v) for v in values]
         args: list[Any] = [self._ttl_ms, *data, *(self._channel(k) for k in full)]
-        self._call("set", lambda: self._set_script(keys=[*full, self._index], args=args))
+        self._call(
+            "set",
+            lambda: self._set_script(keys=[*full, self._index], args=args),
+            keys=[self._index],
+        )
 
     def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
         full, want, new = self._k(key), as_bytes(expected), as_bytes(desired)
@@ -403,7 +511,7 @@ class RedisStore(RemoteStore):
                 return self._resolve_cas(full, want, new, exc)
             return bytes(value)
 
-        return self._call("compare_set", attempt)
+        return self._call("compare_set", attempt, keys=[full, self._index])
 
     def _resolve_cas(self, full: str, want: bytes, new: bytes, exc: BaseException) -> bytes:
         """The reply of a compare_set was lost: find out by reading what happened."""
@@ -426,7 +534,9 @@ class RedisStore(RemoteStore):
         # Running the script again with the same record key is exactly-once: a retry
         # after a lost reply returns the recorded result instead of adding twice.
         status, value = self._call(
-            "add", lambda: self._add_script(keys=[full, self._index, record], args=args)
+            "add",
+            lambda: self._add_script(keys=[full, self._index, record], args=args),
+            keys=[full, self._index, record],
         )
         if status == b"bad":
             parse_counter(key, bytes(value))  # raises the ValueError for a non-counter
@@ -452,7 +562,11 @@ class RedisStore(RemoteStore):
         # _call's retries): the member is added once; the size returned is the one at the
         # retry, which may count members other callers added in between.
         size = int(
-            self._call("add_member", lambda: self._add_member_script(keys=[full], args=args))
+            self._call(
+                "add_member",
+                lambda: self._add_member_script(keys=[full], args=args),
+                keys=[full],
+            )
         )
         if size < 0:
             raise set_full_error(key, self._shown, MAX_SET_MEMBERS)
@@ -465,19 +579,23 @@ class RedisStore(RemoteStore):
         # _call's retries): the member is gone either way; the size returned is the one
         # at the retry.
         return int(
-            self._call("remove_member", lambda: self._remove_member_script(keys=[full], args=args))
+            self._call(
+                "remove_member",
+                lambda: self._remove_member_script(keys=[full], args=args),
+                keys=[full],
+            )
         )
 
     # -- reads -----------------------------------------------------------------------
 
     def members(self, key: str) -> list[bytes]:
         full = self._set_key(key)
-        found = self._call("members", lambda: self._client.smembers(full))
+        found = self._call("members", lambda: self._client.smembers(full), keys=[full])
         return sorted(bytes(m) for m in found)
 
     def try_get(self, key: str) -> bytes | None:
         full = self._k(key)
-        value = self._call("try_get", lambda: self._client.get(full))
+        value = self._call("try_get", lambda: self._client.get(full), keys=[full])
         return None if value is None else bytes(value)
 
     def check(self, keys: Sequence[str]) -> bool:
@@ -485,17 +603,25 @@ class RedisStore(RemoteStore):
         if not full:
             return True
         unique = sorted(set(full))
-        return bool(self._call("check", lambda: self._client.exists(*unique)) == len(unique))
+        return self._count_present(unique, "check") == len(unique)
+
+    def _count_present(self, unique: list[str], doing: str) -> int:
+        """How many of the distinct Redis keys ``unique`` exist (one script; a key of a
+        foreign type raises)."""
+        reply = self._call(doing, lambda: self._present_script(keys=unique), keys=unique)
+        return int(self._checked(reply, doing))
 
     def num_keys(self) -> int:
-        return int(self._call("num_keys", lambda: self._client.scard(self._index)))
+        return int(
+            self._call("num_keys", lambda: self._client.scard(self._index), keys=[self._index])
+        )
 
     def _await_values(self, names: list[str], seconds: float) -> list[bytes] | None:
         full = [self._k(k) for k in names]
         found: list[bytes] = []
 
         def read() -> bool:
-            values = self._client.mget(full)
+            values = self._checked(self._read_script(keys=full), "get")
             if any(v is None for v in values):
                 return False
             found[:] = [bytes(v) for v in values]
@@ -507,7 +633,7 @@ class RedisStore(RemoteStore):
         full = sorted({self._k(k) for k in names})
 
         def present() -> bool:
-            return bool(self._client.exists(*full) == len(full))
+            return int(self._checked(self._present_script(keys=full), "wait")) == len(full)
 
         return self._wait_until(full, present, seconds, "wait")
 
@@ -517,7 +643,13 @@ class RedisStore(RemoteStore):
         full = self._k(check_key(key))
         digest = hashlib.sha1(current, usedforsecurity=False).hexdigest()
         return (
-            int(self._call("unchanged", lambda: self._changed_script(keys=[full], args=[digest])))
+            int(
+                self._call(
+                    "unchanged",
+                    lambda: self._changed_script(keys=[full], args=[digest]),
+                    keys=[full],
+                )
+            )
             == 0
         )
 
@@ -559,7 +691,7 @@ class RedisStore(RemoteStore):
             # Look before paying for a subscription. A thread subscribed to these keys
             # already (a node waits on the state slice after slice) skips this look:
             # sleep_on looks first.
-            if self._call(doing, ready):
+            if self._call(doing, ready, keys=full):
                 return True
             if seconds <= 0:
                 return False
@@ -609,7 +741,7 @@ class RedisStore(RemoteStore):
                 self._drop_subscriber()
                 raise
 
-        return self._call(doing, subscribed_wait, deadline, expired=lambda: False)
+        return self._call(doing, subscribed_wait, deadline, expired=lambda: False, keys=full)
 
 
 def _db_of(parsed: RemoteUrl) -> int:

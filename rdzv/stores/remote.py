@@ -19,14 +19,14 @@ import ssl
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import ClassVar, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from rdzv.errors import RendezvousConnectionError
+from rdzv.errors import RendezvousConnectionError, RendezvousError
 from rdzv.stores.common import BaseStore, check_keys, timeout_error, wait_seconds
-from rdzv.stores.url import StoreUrlError, redact, split_query
+from rdzv.stores.url import StoreUrlError, check_userinfo, redact, split_query
 
 T = TypeVar("T")
 
@@ -38,6 +38,12 @@ RETRY_DELAY_MAX_S = 1.0
 """Upper bound of the backoff delay (it doubles from ``RETRY_DELAY_MIN_S``)."""
 MAX_RETRIES = 100
 """Largest ``retries`` a URL may ask for (keeps every retry loop bounded)."""
+MIN_TIMEOUT_S = 0.001
+"""Smallest request or connect timeout a URL may ask for (``socket_timeout``,
+``connect_timeout``, ``request_timeout``)."""
+MAX_TIMEOUT_S = 86_400.0
+"""Largest request or connect timeout a URL may ask for (one day; socket timeouts far
+beyond it overflow the platform's time type)."""
 
 
 class OutcomeUnknown(Exception):
@@ -66,12 +72,12 @@ class Tls:
 class RemoteUrl:
     """A parsed ``scheme://[user[:password]@]host[:port][/path][?params]``."""
 
-    url: str
+    url: str = field(repr=False)  # holds the password
     scheme: str
     host: str
     port: int
     username: str | None
-    password: str | None
+    password: str | None = field(repr=False)
     path: str
     params: dict[str, str]
 
@@ -82,13 +88,18 @@ class RemoteUrl:
 
 
 def parse_remote_url(url: str, default_port: int, allowed: tuple[str, ...]) -> RemoteUrl:
-    """Parse a network store URL; unknown query parameters are an error."""
+    """Parse a network store URL; unknown query parameters are an error.
+
+    Every message quotes the URL with its password redacted; a URL whose password and
+    host cannot be told apart (a raw ``/``, ``?`` or ``#`` before the last ``@``) is
+    refused before anything else looks at its parts (see
+    :func:`rdzv.stores.url.check_userinfo`).
+    """
     shown = redact(url)
-    rest_index = url.find("://")
-    if rest_index < 0:
+    if url.find("://") < 0:
         raise StoreUrlError(f"store URL {shown!r} has no scheme (expected scheme://host:port)")
-    path_and_query = url[rest_index + 3 :]
-    _, params = split_query(path_and_query)
+    check_userinfo(url)
+    _, params = split_query(url)
     unknown = sorted(set(params) - set(allowed))
     if unknown:
         raise StoreUrlError(
@@ -114,10 +125,21 @@ def parse_remote_url(url: str, default_port: int, allowed: tuple[str, ...]) -> R
     )
 
 
+def _number(value: float) -> str:
+    """``value`` for a message: whole numbers without exponent or fraction."""
+    return str(int(value)) if value == int(value) else f"{value:g}"
+
+
 def float_param(
-    parsed: RemoteUrl, name: str, default: float | None, low: float = 0.0
+    parsed: RemoteUrl,
+    name: str,
+    default: float | None,
+    low: float,
+    high: float,
+    why: str,
 ) -> float | None:
-    """A query parameter holding a number of seconds (``> low``), or ``default``."""
+    """A query parameter holding a number of seconds from ``low`` to ``high``, or
+    ``default``; ``why`` (for the message) says what the bounds protect."""
     text = parsed.params.get(name)
     if text is None:
         return default
@@ -125,10 +147,27 @@ def float_param(
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not value > low or value == float("inf"):
+    if not low <= value <= high:  # also refuses nan and inf
         raise StoreUrlError(
-            f"query parameter {name}={text!r} in {parsed.shown!r} must be a number > {low:g}"
+            f"query parameter {name}={text!r} in {parsed.shown!r} must be a number of "
+            f"seconds from {_number(low)} to {_number(high)}; {why}"
         )
+    return value
+
+
+def timeout_param(parsed: RemoteUrl, name: str, default: float) -> float:
+    """A query parameter holding a request or connect timeout in seconds, from
+    ``MIN_TIMEOUT_S`` to ``MAX_TIMEOUT_S``, or ``default``."""
+    value = float_param(
+        parsed,
+        name,
+        default,
+        MIN_TIMEOUT_S,
+        MAX_TIMEOUT_S,
+        f"a request or connection that may take longer than a day is a hang (the default "
+        f"is {_number(default)})",
+    )
+    assert value is not None
     return value
 
 
@@ -366,9 +405,10 @@ class RemoteStore(BaseStore):
 
         return fail
 
-    def _explain(self, exc: Exception, doing: str) -> RendezvousConnectionError | None:
+    def _explain(self, exc: Exception, doing: str, keys: Sequence[str]) -> RendezvousError | None:
         """The error to raise instead of ``exc``, a non-transient error of the client
-        library, when its own words would not say what to fix; None keeps ``exc``."""
+        library, when its own words would not say what to fix (``keys``: the server-side
+        keys the call used, to name the one at fault); None keeps ``exc``."""
         return None
 
     def _call(
@@ -377,8 +417,10 @@ class RemoteStore(BaseStore):
         call: Callable[[], T],
         deadline: float | None = None,
         expired: Callable[[], T] | None = None,
+        keys: Sequence[str] = (),
     ) -> T:
-        """Run ``call`` (safe to repeat) with bounded retries (see :func:`with_retries`)."""
+        """Run ``call`` (safe to repeat) with bounded retries (see :func:`with_retries`);
+        ``keys`` are the server-side keys it uses (for :meth:`_explain`)."""
         self._check_not_lost()
         try:
             return with_retries(
@@ -390,7 +432,7 @@ class RemoteStore(BaseStore):
                 expired=expired,
             )
         except Exception as exc:
-            explained = self._explain(exc, doing)
+            explained = self._explain(exc, doing, keys)
             if explained is None:
                 raise
             raise explained from exc

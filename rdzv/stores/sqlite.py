@@ -27,6 +27,18 @@ Theory of operation:
   through this same store object also wake local waiters at once through a condition.
 
 The file must be on a local filesystem (WAL needs shared memory between processes).
+
+Foreign data:
+
+- A file that holds tables other than rdzv's belongs to another application: opening it
+  raises :class:`~rdzv.errors.RendezvousStateError` before anything is written (no rdzv
+  tables are added and the journal mode is not switched to WAL). So does a file whose
+  ``rdzv_kv`` or ``rdzv_sets`` table has another shape than rdzv creates.
+- Values are read as ``CAST(value AS BLOB)``: a value someone stored by hand as TEXT
+  (``UPDATE rdzv_kv SET value = '...'`` in the sqlite3 shell) reads as its bytes (UTF-8,
+  the encoding of every database rdzv creates), an INTEGER or REAL as its decimal text,
+  so such a hand fix works and ``compare_set`` compares against those bytes. Member
+  sets are read the same way.
 """
 
 from __future__ import annotations
@@ -42,7 +54,7 @@ from datetime import timedelta
 from typing import TypeVar
 from urllib.parse import unquote
 
-from rdzv.errors import RendezvousConnectionError
+from rdzv.errors import RendezvousConnectionError, RendezvousStateError
 from rdzv.store import DEFAULT_STORE_TIMEOUT, MAX_SET_MEMBERS, as_bytes
 from rdzv.stores.common import (
     BaseStore,
@@ -58,10 +70,13 @@ from rdzv.stores.common import (
     timeout_error,
     wait_seconds,
 )
-from rdzv.stores.url import StoreUrlError, split_query, split_url
+from rdzv.stores.url import StoreUrlError, has_userinfo, redact, split_query, split_url
 
 SCHEME = "sqlite"
 DEFAULT_BUSY_TIMEOUT_MS = 5_000
+MAX_BUSY_TIMEOUT_MS = 2**31 - 1
+"""Largest ``busy_timeout_ms``: SQLite keeps it in a C int, and silently reads a larger
+one as 0 (no waiting at all)."""
 # Poll backoff of blocking calls: starts at 1 ms after a change, doubles to at most 50 ms.
 POLL_MIN_S = 0.001
 POLL_MAX_S = 0.050
@@ -78,6 +93,12 @@ _SCHEMA = (
     "(key TEXT NOT NULL, member BLOB NOT NULL, PRIMARY KEY (key, member)) WITHOUT ROWID",
 )
 _URL_PARAMS = ("busy_timeout_ms",)
+# The tables as rdzv creates them: (name, declared type, not null, primary key position)
+# per column, as PRAGMA table_info reports them.
+_COLUMNS = {
+    "rdzv_kv": [("key", "TEXT", 1, 1), ("value", "BLOB", 1, 0)],
+    "rdzv_sets": [("key", "TEXT", 1, 1), ("member", "BLOB", 1, 2)],
+}
 
 T = TypeVar("T")
 
@@ -97,8 +118,15 @@ class SQLiteStore(BaseStore):
         timeout: timedelta = DEFAULT_STORE_TIMEOUT,
         busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
     ) -> None:
-        if not isinstance(busy_timeout_ms, int) or busy_timeout_ms < 0:
-            raise ValueError(f"busy_timeout_ms must be an int >= 0, got {busy_timeout_ms!r}")
+        if (
+            not isinstance(busy_timeout_ms, int)
+            or isinstance(busy_timeout_ms, bool)
+            or not 0 <= busy_timeout_ms <= MAX_BUSY_TIMEOUT_MS
+        ):
+            raise ValueError(
+                f"busy_timeout_ms must be an int from 0 to {MAX_BUSY_TIMEOUT_MS} (SQLite's "
+                f"limit, about 24.8 days), got {busy_timeout_ms!r}"
+            )
         self._path = os.path.abspath(os.fspath(path))
         super().__init__(timeout)
         self._busy_timeout_ms = busy_timeout_ms
@@ -190,6 +218,9 @@ class SQLiteStore(BaseStore):
         )
         try:
             conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms:d}")
+            # Before anything changes the file: refuse another application's database.
+            self._check_foreign_tables(conn)
+            self._check_columns(conn)
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise RendezvousConnectionError(
@@ -203,6 +234,43 @@ class SQLiteStore(BaseStore):
             conn.close()
             raise
         return conn
+
+    def _check_foreign_tables(self, conn: sqlite3.Connection) -> None:
+        """Raise :class:`RendezvousStateError` when the file holds tables rdzv does not
+        make (SQLite's own ``sqlite_*`` tables aside)."""
+        rows = conn.execute(
+            "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
+            "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name"
+        ).fetchall()
+        foreign = [str(row[0]) for row in rows if row[0] not in _COLUMNS]
+        if foreign:
+            shown = ", ".join(repr(name) for name in foreign[:5])
+            more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+            raise RendezvousStateError(
+                f"the SQLite file {self._path} holds tables rdzv does not make ({shown}"
+                f"{more}): it belongs to another application. rdzv left it untouched (it "
+                "would add its tables and switch the file to WAL journal mode for good); "
+                "point the sqlite:// URL at a file of its own, e.g. "
+                f"{os.path.join(os.path.dirname(self._path), 'rdzv-job.db')}"
+            )
+
+    def _check_columns(self, conn: sqlite3.Connection) -> None:
+        """Raise :class:`RendezvousStateError` when ``rdzv_kv`` or ``rdzv_sets`` exists
+        with another shape than rdzv gives it (another program made a table of that
+        name); a table not made yet passes."""
+        for table, expected in _COLUMNS.items():
+            found = [
+                (str(row[1]), str(row[2]).upper(), int(row[3]), int(row[5]))
+                for row in conn.execute(f"PRAGMA table_info({table})").fetchall()
+            ]
+            if found and found != expected:
+                columns = ", ".join(f"{name} {kind}" for name, kind, _, _ in found)
+                raise RendezvousStateError(
+                    f"the table {table} in the SQLite file {self._path} has columns "
+                    f"({columns}), not the ones rdzv creates (key TEXT PRIMARY KEY, "
+                    f"{expected[1][0]} BLOB, both NOT NULL): another program made it. rdzv "
+                    "did not touch its rows; point the sqlite:// URL at a file of its own"
+                )
 
     def close(self) -> None:
         """Close every connection this store opened in this process; later calls fail."""
@@ -289,7 +357,8 @@ class SQLiteStore(BaseStore):
                 part = unique[start : start + _CHUNK]
                 marks = ",".join("?" * len(part))
                 rows = conn.execute(
-                    f"SELECT key, value FROM rdzv_kv WHERE key IN ({marks})", part
+                    f"SELECT key, CAST(value AS BLOB) FROM rdzv_kv WHERE key IN ({marks})",
+                    part,
                 ).fetchall()
                 found.update((str(k), bytes(v)) for k, v in rows)
         finally:
@@ -299,7 +368,9 @@ class SQLiteStore(BaseStore):
 
     @staticmethod
     def _get_one(conn: sqlite3.Connection, key: str) -> bytes | None:
-        row = conn.execute("SELECT value FROM rdzv_kv WHERE key = ?", (key,)).fetchone()
+        row = conn.execute(
+            "SELECT CAST(value AS BLOB) FROM rdzv_kv WHERE key = ?", (key,)
+        ).fetchone()
         return None if row is None else bytes(row[0])
 
     def _poll(
@@ -430,7 +501,8 @@ class SQLiteStore(BaseStore):
 
         def body(conn: sqlite3.Connection) -> list[bytes]:
             rows = conn.execute(
-                "SELECT member FROM rdzv_sets WHERE key = ? ORDER BY member", (key,)
+                "SELECT CAST(member AS BLOB) AS m FROM rdzv_sets WHERE key = ? ORDER BY m",
+                (key,),
             ).fetchall()
             return [bytes(row[0]) for row in rows]
 
@@ -489,31 +561,42 @@ class SQLiteStore(BaseStore):
 
 def open_sqlite(url: str, timeout: timedelta) -> SQLiteStore:
     """Open ``sqlite:///abs/path.db`` (or ``sqlite://relative/path.db``, resolved now
-    against the current directory). Query parameter: ``busy_timeout_ms`` (default 5000).
+    against the current directory). Query parameter: ``busy_timeout_ms`` (default 5000,
+    at most ``MAX_BUSY_TIMEOUT_MS``).
     """
-    scheme, rest = split_url(url)
+    scheme, _ = split_url(url)
+    shown = redact(url)
     if scheme != SCHEME:
-        raise StoreUrlError(f"not an sqlite:// URL: {url!r}")
-    raw_path, params = split_query(rest)
+        raise StoreUrlError(f"not an sqlite:// URL: {shown!r}")
+    if has_userinfo(url):
+        raise StoreUrlError(
+            f"sqlite URL {shown!r} has a user:password@ part, which SQLite files do not "
+            "take; use sqlite:///abs/path/to/store.db (a relative path whose first part "
+            "holds ':' and '@' must start with ./)"
+        )
+    raw_path, params = split_query(url)
     path = unquote(raw_path)
     if not path or path == "/":
-        raise StoreUrlError(f"sqlite URL {url!r} names no file; use sqlite:///abs/path/to/store.db")
+        raise StoreUrlError(
+            f"sqlite URL {shown!r} names no file; use sqlite:///abs/path/to/store.db"
+        )
     if path in (":memory:", "/:memory:") or path.startswith("file:"):
         raise StoreUrlError(
-            f"sqlite URL {url!r} must name a file on disk (in-memory SQLite cannot be shared); "
-            "use memory://name for an in-process store"
+            f"sqlite URL {shown!r} must name a file on disk (in-memory SQLite cannot be "
+            "shared); use memory://name for an in-process store"
         )
     unknown = sorted(set(params) - set(_URL_PARAMS))
     if unknown:
         raise StoreUrlError(
-            f"unknown query parameter(s) {unknown} in {url!r}; supported: {list(_URL_PARAMS)}"
+            f"unknown query parameter(s) {unknown} in {shown!r}; supported: {list(_URL_PARAMS)}"
         )
     busy = DEFAULT_BUSY_TIMEOUT_MS
     if "busy_timeout_ms" in params:
         text = params["busy_timeout_ms"]
-        if not text.isdigit() or not text.isascii():
+        if not text.isdigit() or not text.isascii() or int(text) > MAX_BUSY_TIMEOUT_MS:
             raise StoreUrlError(
-                f"busy_timeout_ms must be a whole number of milliseconds >= 0, got {text!r}"
+                f"busy_timeout_ms must be a whole number of milliseconds from 0 to "
+                f"{MAX_BUSY_TIMEOUT_MS} (SQLite's limit, about 24.8 days), got {text!r}"
             )
         busy = int(text)
     return SQLiteStore(path, timeout=timeout, busy_timeout_ms=busy)
