@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar
 
+from rdzv.clock import to_millis
 from rdzv.errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -28,6 +29,7 @@ from rdzv.errors import (
     RendezvousTimeoutError,
 )
 from rdzv.store import Store
+from rdzv.stores.url import redact
 from spec.settings import Settings
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "DEFAULT_KEEP_ALIVE_INTERVAL",
     "DEFAULT_KEEP_ALIVE_MAX_ATTEMPT",
     "DEFAULT_PROTOCOL",
+    "MAX_DURATION",
     "RendezvousClosedError",
     "RendezvousConnectionError",
     "RendezvousError",
@@ -57,6 +60,12 @@ DEFAULT_CACHE_DURATION = 1.0
 """Seconds a node reuses its last read of the state (torch's default)."""
 DEFAULT_PROTOCOL = "hardened"
 """The protocol variant (``spec.variants``) a handler runs unless told otherwise."""
+MAX_DURATION = timedelta(days=3650)
+"""The longest timeout or interval a handler accepts: 10 years, far beyond any job, and far
+inside what ``timedelta`` (about 2.7 million years) and a thread's wait
+(``threading.TIMEOUT_MAX``, about 292 years) can hold. spec's integer milliseconds have no
+upper limit of their own."""
+MAX_DURATION_TEXT = f"{int(MAX_DURATION.total_seconds())} s (10 years)"
 
 
 class RendezvousHandler(ABC):
@@ -151,7 +160,7 @@ class RendezvousParameters:
 
     def __repr__(self) -> str:
         return (
-            f"RendezvousParameters(backend={self.backend!r}, endpoint={self.endpoint!r}, "
+            f"RendezvousParameters(backend={self.backend!r}, endpoint={redact(self.endpoint)!r}, "
             f"run_id={self.run_id!r}, min_nodes={self.min_nodes}, max_nodes={self.max_nodes}, "
             f"local_addr={self.local_addr!r}, config={dict(sorted(self.config.items()))!r})"
         )
@@ -207,6 +216,11 @@ class RendezvousParameters:
                 number = float(value)
             except (TypeError, ValueError):
                 number = None
+            except OverflowError:  # an int beyond float's range
+                raise ValueError(
+                    f"config option {key!r} is {_config_value_text(value)}, which is too "
+                    f"large to be a number of seconds; pass e.g. '30' or '0.5'"
+                ) from None
         if number is None or not math.isfinite(number):
             raise ValueError(
                 f"config option {key!r} is {_config_value_text(value)}, which is not a "
@@ -318,6 +332,61 @@ class RendezvousInfo:
         )
 
 
+def as_duration(
+    value: timedelta | float,
+    what: str,
+    *,
+    shown: str | None = None,
+    fix: str = "",
+    allow_zero: bool = False,
+    resolution: bool = True,
+) -> timedelta:
+    """``value`` (a timedelta or a number of seconds) as a timedelta, after the checks every
+    duration of a handler needs; a ``ValueError`` otherwise.
+
+    The value must be a finite number (or a timedelta), positive (or zero with
+    ``allow_zero``), at most :data:`MAX_DURATION`, and, with ``resolution``, not so short
+    that it rounds to 0 ms in spec's integer milliseconds. Messages read
+    ``<what> is <shown>, which ...``: ``what`` names the setting (``"the join timeout"``,
+    ``"config option 'join_timeout'"``), ``shown`` is the value as the caller wrote it
+    (default: its seconds) and ``fix`` ends every message about the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
+        raise ValueError(
+            f"{what} must be a number of seconds or a timedelta, got "
+            f"{_config_value_text(value)}; pass e.g. 30 or timedelta(seconds=30){fix}"
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(
+            f"{what} must be a finite number of seconds, got {value!r}; pass e.g. 30{fix}"
+        )
+    if shown is None:
+        seconds = value.total_seconds() if isinstance(value, timedelta) else value
+        shown = f"{seconds!r} s"
+    # Compared as given: converting a huge int to float or timedelta would overflow.
+    if isinstance(value, timedelta):
+        sign = (value > timedelta(0)) - (value < timedelta(0))
+        too_long = value > MAX_DURATION
+    else:
+        sign = (value > 0) - (value < 0)
+        too_long = value > MAX_DURATION.total_seconds()
+    if sign < 0 or (sign == 0 and not allow_zero):
+        problem = "is negative" if allow_zero else "is not a positive number of seconds"
+        advice = "pass 0 or more seconds" if allow_zero else "pass a duration above zero"
+        raise ValueError(f"{what} is {shown}, which {problem}; {advice}{fix}")
+    if too_long:
+        raise ValueError(
+            f"{what} is {shown}, which is longer than {MAX_DURATION_TEXT}, the longest "
+            f"duration rdzv accepts; pass a shorter duration{fix}"
+        )
+    if resolution and sign > 0 and to_millis(value) == 0:
+        raise ValueError(
+            f"{what} is {shown}, which is below the 1 ms resolution of the rendezvous "
+            f"settings (it would round to 0 ms); pass at least 0.001 s{fix}"
+        )
+    return value if isinstance(value, timedelta) else timedelta(seconds=value)
+
+
 _TIMEOUT_DEFAULTS: dict[str, timedelta] = {
     "join": timedelta(seconds=600),
     "last_call": timedelta(seconds=30),
@@ -327,29 +396,24 @@ _TIMEOUT_DEFAULTS: dict[str, timedelta] = {
 
 
 def _as_timedelta(name: str, value: timedelta | float | None) -> timedelta:
+    default = _TIMEOUT_DEFAULTS[name]
     if value is None:
-        return _TIMEOUT_DEFAULTS[name]
-    if isinstance(value, timedelta):
-        delta = value
-    elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        delta = timedelta(seconds=value)
-    else:
-        raise ValueError(
-            f"the {name} timeout must be a timedelta or a number of seconds, got "
-            f"{_config_value_text(value)}; pass e.g. timedelta(seconds=30)"
-        )
-    if delta <= timedelta(0):
-        default = _TIMEOUT_DEFAULTS[name].total_seconds()
-        raise ValueError(
-            f"the {name} timeout ({delta.total_seconds()} s) must be positive; "
-            f"pass a duration above zero, or None for the default ({default:g} s)"
-        )
-    return delta
+        return default
+    # A timedelta shorter than 1 ms is kept here, as torch keeps it; the handler refuses
+    # it when it converts its settings to milliseconds. A number that short is refused
+    # now, while its value is still known (a timedelta would drop what is below 1 us).
+    return as_duration(
+        value,
+        f"the {name} timeout",
+        fix=f", or None for the default ({default.total_seconds():g} s)",
+        resolution=not isinstance(value, timedelta),
+    )
 
 
 class RendezvousTimeout:
     """The timeouts of a rendezvous; ``None`` means torch's default
-    (join 600 s, last call 30 s, close 30 s, heartbeat 5 s)."""
+    (join 600 s, last call 30 s, close 30 s, heartbeat 5 s). Each must be positive and at
+    most :data:`MAX_DURATION`; a number of seconds must be at least 1 ms."""
 
     def __init__(
         self,

@@ -21,6 +21,7 @@ tools drive several nodes in one thread with a fake clock) or blocking (the hand
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import logging
 import os
@@ -29,10 +30,10 @@ import secrets
 import socket
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 from rdzv import events
 from rdzv.api import (
@@ -46,6 +47,7 @@ from rdzv.api import (
     RendezvousSettings,
     RendezvousStoreInfo,
     RendezvousTimeout,
+    as_duration,
 )
 from rdzv.backend import RendezvousBackend, StoreRendezvousBackend
 from rdzv.clock import Clock, SystemClock, now_of, to_millis, to_seconds
@@ -94,10 +96,14 @@ from spec.variants import Variant, get_variant
 from spec.vocabulary import FailKind, Op
 
 __all__ = [
+    "HANDLER_CONFIG_KEYS",
+    "TORCHRUN_CONFIG_KEYS",
     "DynamicRendezvousHandler",
     "IoStats",
     "LastDecoded",
     "NodeDriver",
+    "check_config_keys",
+    "config_join_timeout",
     "create_handler",
     "new_node_id",
 ]
@@ -119,6 +125,28 @@ HEARTBEAT_JOIN_SLACK = 1.0
 """Seconds added to the heartbeat timeout when joining the heartbeat thread."""
 MIN_BOOTSTRAP_WAIT = 1.0
 """Seconds: non-zero ranks wait at least this long for rank 0's bootstrap info."""
+
+HANDLER_CONFIG_KEYS: tuple[str, ...] = (
+    "cache_duration",
+    "close_timeout",
+    "heartbeat_timeout",
+    "join_timeout",
+    "keep_alive_interval",
+    "keep_alive_max_attempt",
+    "last_call_timeout",
+    "protocol",
+    "timeout",
+)
+"""The config keys :func:`create_handler` reads, under torchrun and without it (the torchrun
+plug-in accepts these and :data:`TORCHRUN_CONFIG_KEYS`). ``timeout`` is what torch's launcher
+always puts into the config (900 s unless told otherwise): the join timeout, unless
+``join_timeout`` is given too, which then wins (:func:`config_join_timeout`)."""
+TORCHRUN_CONFIG_KEYS: tuple[str, ...] = ("exit_when_redundant", "use_agent_store")
+"""The config keys only the torchrun plug-in (:mod:`rdzv.torch_plugin`) reads;
+:func:`create_handler` refuses them with a pointer there."""
+STORE_METHODS_USED = ("multi_get", "multi_set", "wait")
+"""The methods the handler calls on the ``store`` it is given (to publish and read the
+bootstrap info); every other use of the store goes through the backend."""
 
 _FAILURE_ERRORS: dict[FailKind, type[RendezvousError]] = {
     FailKind.CLOSED: RendezvousClosedError,
@@ -486,6 +514,15 @@ def _failure_error(
             f"rdzv state (another program or rdzv version wrote them); give this job a "
             f"run id of its own, or delete the key once no node of the run is alive"
         )
+    elif kind is FailKind.CONNECTION and isinstance(cause, RendezvousStateError):
+        # The store was reached and found data it cannot use (e.g. a foreign Redis type at
+        # one of the run's keys): its message says which key and how to recover.
+        error: RendezvousError = RendezvousStateError(
+            f"the {fail.op.value} operation of node {node} found foreign data in the store "
+            f"of run {run_id!r}: {cause}"
+        )
+        error.__cause__ = cause
+        return error
     elif kind is FailKind.CONNECTION:
         message = (
             f"the {fail.op.value} operation of node {node} could not use the store: "
@@ -494,7 +531,9 @@ def _failure_error(
     elif kind is FailKind.TIMEOUT and fail.op is Op.JOIN:
         message = (
             f"{message}: no round with enough nodes completed in time; start more nodes, "
-            f"lower min_nodes or raise join_timeout"
+            f"lower min_nodes or raise join_timeout, and check that every node of run "
+            f"{run_id!r} uses the same min_nodes, max_nodes and protocol (nodes that "
+            f"disagree on them may never complete a round together)"
         )
     error = _FAILURE_ERRORS[kind](message)
     error.__cause__ = cause
@@ -577,14 +616,46 @@ def _spec_settings(settings: RendezvousSettings, cache_duration: float) -> Setti
 
 
 def _as_interval(value: timedelta | float) -> timedelta:
-    if isinstance(value, timedelta):
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(
-            f"keep_alive_interval must be a number of seconds or a timedelta, got "
-            f"{value!r}; pass e.g. 5"
+    # Zero passes here and is refused by spec's Settings, which names it in milliseconds.
+    return as_duration(value, "keep_alive_interval", allow_zero=True)
+
+
+def _got(value: object) -> str:
+    """A wrong argument for a TypeError: its type, and a short repr."""
+    if value is None:
+        return "None"
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def _check_parts(store: object, backend: object, clock: object = None, rng: object = None) -> None:
+    """TypeError unless ``store``, ``backend``, ``clock`` and ``rng`` are what a handler
+    needs (before any of them is used, so no error comes from deep inside)."""
+    lacking = [m for m in STORE_METHODS_USED if not callable(getattr(store, m, None))]
+    if lacking:
+        raise TypeError(
+            f"store must be a store with the rdzv.store.Store methods, got {_got(store)}, "
+            f"which lacks {', '.join(lacking)}; pass the store the backend uses, e.g. "
+            f"rdzv.open_store('sqlite:///tmp/job.db')"
         )
-    return timedelta(seconds=value)
+    if not isinstance(backend, RendezvousBackend):
+        raise TypeError(
+            f"backend must be an rdzv.RendezvousBackend, got {_got(backend)}; pass e.g. "
+            f"StoreRendezvousBackend(store, run_id), or call create_handler(params) to "
+            f"open the store params.endpoint names"
+        )
+    if clock is not None and not isinstance(clock, Clock):
+        raise TypeError(
+            f"clock must be an rdzv.Clock (monotonic, time, sleep, max_real_wait), got "
+            f"{_got(clock)}; pass SystemClock(), FakeClock() or None"
+        )
+    if rng is not None and not isinstance(rng, random.Random):
+        raise TypeError(
+            f"rng must be a random.Random or None, got {_got(rng)}; pass e.g. "
+            f"random.Random(7), or leave it out for a fresh one"
+        )
 
 
 class DynamicRendezvousHandler(RendezvousHandler):
@@ -618,7 +689,21 @@ class DynamicRendezvousHandler(RendezvousHandler):
         ``protocol`` names a variant of :mod:`spec.variants`; ``cache_duration`` is how
         long (seconds) a node reuses its last read; ``clock`` and ``rng`` default to the
         system clock and a fresh ``random.Random``.
+
+        Arguments of the wrong type raise ``TypeError`` naming the argument, what it got
+        and what it takes; bad values raise ``ValueError``.
         """
+        _check_parts(store, backend, clock, rng)
+        if local_addr is not None and not isinstance(local_addr, str):
+            raise TypeError(
+                f"local_addr must be a string or None, got {_got(local_addr)}; pass this "
+                f"host's address or leave it out to use the host name"
+            )
+        if not isinstance(protocol, str | Variant):
+            raise TypeError(
+                f"protocol must be a variant name or a spec.variants.Variant, got "
+                f"{_got(protocol)}; pass e.g. 'hardened' or 'upstream'"
+            )
         settings = RendezvousSettings(
             run_id=run_id,
             min_nodes=min_nodes,
@@ -635,7 +720,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
             store=store,
             backend=backend,
             variant=variant,
-            cache_duration=cache_duration,
+            cache_duration=as_duration(
+                cache_duration, "cache_duration", allow_zero=True
+            ).total_seconds(),
             clock=clock if clock is not None else SystemClock(),
             rng=rng if rng is not None else random.Random(),
         )
@@ -653,6 +740,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         clock: Clock,
         rng: random.Random,
     ) -> None:
+        _check_parts(store, backend, clock, rng)
         if not isinstance(settings.run_id, str) or not settings.run_id:
             raise ValueError(
                 f"run_id must be a non-empty string, got {settings.run_id!r}; pass the job's id"
@@ -836,8 +924,69 @@ class DynamicRendezvousHandler(RendezvousHandler):
             ) from exc
 
 
-def _fail_config(key: str, problem: str) -> NoReturn:
-    raise ValueError(f"rendezvous config option {key!r}: {problem}")
+def check_config_keys(
+    config: Mapping[str, object],
+    known: Sequence[str],
+    *,
+    source: str = "config",
+    owner: str = "the rdzv handler",
+    note: str = "",
+) -> None:
+    """``ValueError`` if ``config`` has a key that is not in ``known``: the message lists
+    the unknown keys, the closest known key of each (a typo, usually) and every known key.
+
+    ``source`` names where the keys came from, ``owner`` what reads them, and ``note``
+    is added to the advice to remove them.
+    """
+    unknown = sorted(str(key) for key in config if key not in known)
+    if not unknown:
+        return
+    guesses = [
+        f"{close[0]!r} for {key!r}"
+        for key in unknown
+        if (close := difflib.get_close_matches(key, known, n=1))
+    ]
+    hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+    raise ValueError(
+        f"{source} key(s) {unknown} are not options of {owner}{hint}; remove them{note} "
+        f"or use one of {sorted(known)}"
+    )
+
+
+_TIMEOUT_FIX = (
+    " ('timeout' is the join timeout unless join_timeout is given; torchrun passes 900 "
+    "unless told otherwise)"
+)
+
+
+def _config_duration(
+    params: RendezvousParameters, key: str, *, allow_zero: bool = False, fix: str = ""
+) -> timedelta | None:
+    """Config option ``key`` as a timedelta (None if absent), with messages that name the
+    key and the value as the user wrote it."""
+    seconds = params.get_as_float(key)  # a clear error unless a finite number
+    if seconds is None:
+        return None
+    return as_duration(
+        seconds,
+        f"config option {key!r}",
+        shown=repr(params.get(key)),
+        allow_zero=allow_zero,
+        fix=fix,
+    )
+
+
+def config_join_timeout(params: RendezvousParameters) -> timedelta | None:
+    """The join timeout ``params`` asks for, or None for the default.
+
+    ``join_timeout`` if given, else ``timeout``: torch's launcher puts ``timeout`` into
+    every config (900 s unless ``--rdzv-conf timeout=`` or ``rdzv_timeout`` says
+    otherwise), so a ``join_timeout`` given as well must win rather than conflict. Both
+    are checked when both are given.
+    """
+    timeout = _config_duration(params, "timeout", fix=_TIMEOUT_FIX)
+    join = _config_duration(params, "join_timeout")
+    return join if join is not None else timeout
 
 
 def create_handler(
@@ -852,10 +1001,12 @@ def create_handler(
     ``create_handler(store, backend, params)`` uses the given ones (torch's form, also
     with keywords: ``create_handler(store=..., backend=..., params=...)``).
 
-    Config keys (strings are parsed; durations in seconds, fractions allowed):
-    ``join_timeout`` (600), ``last_call_timeout`` (30), ``close_timeout`` (30),
-    ``heartbeat_timeout`` (5), ``keep_alive_interval`` (5), ``keep_alive_max_attempt`` (3),
-    ``cache_duration`` (1), ``protocol`` ("hardened").
+    Config keys (:data:`HANDLER_CONFIG_KEYS`; strings are parsed; durations in seconds,
+    fractions allowed): ``join_timeout`` (600), ``timeout`` (the join timeout unless
+    ``join_timeout`` is given; torchrun's), ``last_call_timeout`` (30), ``close_timeout``
+    (30), ``heartbeat_timeout`` (5), ``keep_alive_interval`` (5),
+    ``keep_alive_max_attempt`` (3), ``cache_duration`` (1), ``protocol`` ("hardened").
+    Any other key is a ``ValueError`` listing these.
     """
     if params is None and backend is None:
         store, params = None, store  # the one-argument form
@@ -875,21 +1026,33 @@ def create_handler(
             f"create_handler needs RendezvousParameters, got {type(params).__name__}; "
             f"build them with rdzv.RendezvousParameters(backend, endpoint, run_id, min, max)"
         )
-    timeout = RendezvousTimeout(
-        join=params.get_as_float("join_timeout"),
-        last_call=params.get_as_float("last_call_timeout"),
-        close=params.get_as_float("close_timeout"),
-        heartbeat=params.get_as_float("heartbeat_timeout"),
+    plugin_keys = [key for key in TORCHRUN_CONFIG_KEYS if key in params.config]
+    check_config_keys(
+        params.config,
+        HANDLER_CONFIG_KEYS,
+        note=(
+            f" ({', '.join(map(repr, plugin_keys))} only mean something under torchrun: "
+            f"they are options of its plug-in, rdzv.torch_plugin)"
+            if plugin_keys
+            else ""
+        ),
     )
-    interval = params.get_as_float("keep_alive_interval", DEFAULT_KEEP_ALIVE_INTERVAL)
+    timeout = RendezvousTimeout(
+        join=config_join_timeout(params),
+        last_call=_config_duration(params, "last_call_timeout"),
+        close=_config_duration(params, "close_timeout"),
+        heartbeat=_config_duration(params, "heartbeat_timeout"),
+    )
+    interval = _config_duration(params, "keep_alive_interval")
     attempts = params.get_as_int("keep_alive_max_attempt", DEFAULT_KEEP_ALIVE_MAX_ATTEMPT)
-    cache = params.get_as_float("cache_duration", DEFAULT_CACHE_DURATION)
+    cache = _config_duration(params, "cache_duration", allow_zero=True)
     protocol = params.get("protocol", DEFAULT_PROTOCOL)
-    assert interval is not None and attempts is not None and cache is not None
+    assert attempts is not None
     if not isinstance(protocol, str):
-        _fail_config("protocol", f"got {protocol!r}; pass a variant name such as 'upstream'")
-    if cache < 0:
-        _fail_config("cache_duration", f"got {cache}; pass 0 (always read) or more seconds")
+        raise ValueError(
+            f"rendezvous config option 'protocol': got {protocol!r}; pass a variant name "
+            f"such as 'upstream'"
+        )
     variant = get_variant(protocol)
     if store is None or backend is None:
         from rdzv.stores import open_store
@@ -904,10 +1067,10 @@ def create_handler(
         params.max_nodes,
         params.local_addr,
         timeout,
-        interval,
+        interval if interval is not None else DEFAULT_KEEP_ALIVE_INTERVAL,
         attempts,
         protocol=variant,
-        cache_duration=cache,
+        cache_duration=DEFAULT_CACHE_DURATION if cache is None else cache.total_seconds(),
         clock=clock,
         rng=rng,
     )

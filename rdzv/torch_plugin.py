@@ -26,7 +26,10 @@ Contract with torch's agent (``torch/distributed/elastic/agent/server/api.py`` a
 
 torchrun always puts ``timeout`` into the config (900 s unless ``--rdzv-conf timeout=``
 or the legacy ``rdzv_timeout`` says otherwise). torch's own dynamic handler ignores it;
-here it is the join timeout whenever ``join_timeout`` is not given.
+here, as in :func:`rdzv.handler.create_handler`, it is the join timeout whenever
+``join_timeout`` is not given. The keys the handler reads are
+:data:`rdzv.handler.HANDLER_CONFIG_KEYS`, those only this plug-in reads
+:data:`rdzv.handler.TORCHRUN_CONFIG_KEYS`; any other key is an error.
 
 This module never imports torch at import time: torch is imported when torchrun calls
 the creator (it is loaded by then anyway).
@@ -52,7 +55,14 @@ from rdzv.errors import (
     RendezvousTimeoutError,
     StoreTimeoutError,
 )
-from rdzv.handler import DynamicRendezvousHandler, create_handler
+from rdzv.handler import (
+    HANDLER_CONFIG_KEYS,
+    TORCHRUN_CONFIG_KEYS,
+    DynamicRendezvousHandler,
+    check_config_keys,
+    config_join_timeout,
+    create_handler,
+)
 from rdzv.store import PrefixStore, Store
 
 __all__ = [
@@ -73,18 +83,9 @@ logger = logging.getLogger(__name__)
 BACKEND_NAME = "rdzv"
 """The entry point's name, what ``--rdzv-backend`` selects and ``get_backend()`` says."""
 
-HANDLER_KEYS: tuple[str, ...] = (
-    "cache_duration",
-    "close_timeout",
-    "heartbeat_timeout",
-    "join_timeout",
-    "keep_alive_interval",
-    "keep_alive_max_attempt",
-    "last_call_timeout",
-    "protocol",
-)
-"""Config keys :func:`rdzv.handler.create_handler` reads."""
-PLUGIN_KEYS: tuple[str, ...] = ("exit_when_redundant", "timeout", "use_agent_store")
+HANDLER_KEYS: tuple[str, ...] = HANDLER_CONFIG_KEYS
+"""Config keys :func:`rdzv.handler.create_handler` reads (``timeout`` among them)."""
+PLUGIN_KEYS: tuple[str, ...] = TORCHRUN_CONFIG_KEYS
 """Config keys only this plug-in reads."""
 CONFIG_KEYS: tuple[str, ...] = tuple(sorted(HANDLER_KEYS + PLUGIN_KEYS))
 """Every ``--rdzv-conf`` key the ``rdzv`` backend accepts; any other is an error."""
@@ -146,13 +147,13 @@ def rdzv_parameters(params: Any) -> tuple[RendezvousParameters, PluginOptions]:
             f"torch.distributed.elastic.rendezvous.RendezvousParameters yourself"
         )
     config = dict(params.config)
-    unknown = sorted(key for key in config if key not in CONFIG_KEYS)
-    if unknown:
-        raise ValueError(
-            f"--rdzv-conf key(s) {unknown} are not options of the {BACKEND_NAME!r} rendezvous "
-            f"backend; remove them (c10d's TCPStore options do not apply) or use one of "
-            f"{list(CONFIG_KEYS)}"
-        )
+    check_config_keys(
+        config,
+        CONFIG_KEYS,
+        source="--rdzv-conf",
+        owner=f"the {BACKEND_NAME!r} rendezvous backend",
+        note=" (c10d's TCPStore options do not apply)",
+    )
     endpoint = params.endpoint
     if not isinstance(endpoint, str) or not endpoint.strip():
         raise ValueError(
@@ -170,14 +171,9 @@ def rdzv_parameters(params: Any) -> tuple[RendezvousParameters, PluginOptions]:
         **config,
     )
     # The plug-in's own keys are read (so bad values get the usual clear errors) and
-    # taken out: the handler does not know them.
-    seconds = ours.get_as_float("timeout")
-    if seconds is not None and seconds <= 0:
-        raise ValueError(
-            f"config option 'timeout' is {config['timeout']!r}, which is not a positive "
-            f"number of seconds; torchrun's timeout (default 900) is the join timeout of "
-            f"the {BACKEND_NAME!r} backend: pass e.g. timeout=900"
-        )
+    # taken out: the handler does not know them. torchrun's ``timeout`` becomes
+    # ``join_timeout`` the way the handler reads it.
+    join = config_join_timeout(ours)
     share = ours.get_as_bool("use_agent_store", True) is not False
     if os.environ.get(DISABLE_AGENT_STORE_ENV, "0") == "1":
         share = False
@@ -185,10 +181,10 @@ def rdzv_parameters(params: Any) -> tuple[RendezvousParameters, PluginOptions]:
         use_agent_store=share,
         exit_when_redundant=ours.get_as_bool("exit_when_redundant", True) is not False,
     )
-    for key in PLUGIN_KEYS:
+    for key in (*PLUGIN_KEYS, "timeout"):
         ours.config.pop(key, None)
-    if seconds is not None and "join_timeout" not in ours.config:
-        ours.config["join_timeout"] = seconds
+    if join is not None and "join_timeout" not in ours.config:
+        ours.config["join_timeout"] = join.total_seconds()
     return ours, options
 
 
