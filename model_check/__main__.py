@@ -1,7 +1,8 @@
 """``python -m model_check``: explore the protocol and print a reproduction recipe.
 
 Exit codes: 0 every property holds in the explored space, 1 a violation was found (or a
-replayed trace reproduced its violation, or fired another one), 2 bad usage, 3 a
+replayed trace reproduced its violation, or fired another one), 2 bad usage (or a
+``--workers`` walk's process died, so there is no verdict), 3 a
 ``--max-states`` or ``--max-depth`` bound cut the search before it was exhaustive and no
 violation was found in the explored part. A violation is always printed: if its trace file
 cannot be written, the run says so on stderr and still exits 1.
@@ -60,6 +61,15 @@ TICKS_LIMIT = 10_000
 in ticks (every stored time stays far inside the codec's 64-bit range)."""
 WORKERS_LIMIT = 64
 """Largest --workers (one process each)."""
+STEPS_LIMIT = 10_000_000
+"""Largest --steps (random mode's total moves; the longest run documented walks 20,000)."""
+ROUNDS_LIMIT = 64
+"""Largest --max-rounds (every documented run uses 1 or 2)."""
+BUDGET_LIMIT = 64
+"""Largest --closes and fault budget (--crash, --restart-new, --restart-same,
+--cas-unknown, --store-down); every documented run uses at most 3."""
+BUDGET_OPTIONS = ("closes", "crash", "restart_new", "restart_same", "cas_unknown", "store_down")
+"""Options counted as budgets, each in 0..BUDGET_LIMIT."""
 
 TIME_OPTIONS = ("join_timeout", "last_call", "close_timeout", "heartbeat_timeout")
 """Options counted in ticks, each in 1..TICKS_LIMIT."""
@@ -133,15 +143,27 @@ def _parser() -> argparse.ArgumentParser:
         "--steps",
         type=int,
         default=None,
-        help=f"random mode: total moves (default {DEFAULT_STEPS:,})",
+        help=f"random mode: total moves (1..{STEPS_LIMIT}; default {DEFAULT_STEPS:,})",
     )
-    p.add_argument("--max-rounds", type=int, default=2)
-    p.add_argument("--closes", type=int, default=1, help="shutdown calls allowed")
-    p.add_argument("--crash", type=int, default=0, help="crash budget")
-    p.add_argument("--restart-new", type=int, default=0, help="restarts with a new identity")
-    p.add_argument("--restart-same", type=int, default=0, help="restarts with the same identity")
-    p.add_argument("--cas-unknown", type=int, default=0, help="CAS with unknown outcome")
-    p.add_argument("--store-down", type=int, default=0, help="store unreachable for one call")
+    p.add_argument(
+        "--max-rounds",
+        type=int,
+        default=2,
+        help=f"rendezvous rounds in the model (1..{ROUNDS_LIMIT}; default 2)",
+    )
+    budget = f"(0..{BUDGET_LIMIT})"
+    p.add_argument("--closes", type=int, default=1, help=f"shutdown calls allowed in all {budget}")
+    p.add_argument("--crash", type=int, default=0, help=f"crash budget {budget}")
+    p.add_argument(
+        "--restart-new", type=int, default=0, help=f"restarts with a new identity {budget}"
+    )
+    p.add_argument(
+        "--restart-same", type=int, default=0, help=f"restarts with the same identity {budget}"
+    )
+    p.add_argument("--cas-unknown", type=int, default=0, help=f"CAS with unknown outcome {budget}")
+    p.add_argument(
+        "--store-down", type=int, default=0, help=f"store unreachable for one call {budget}"
+    )
     p.add_argument(
         "--skew",
         type=int,
@@ -239,19 +261,11 @@ def build_config(
         raise UsageError(f"--nodes {n} must be in 1..{limit} for {mode}")
     min_nodes = ns.min_nodes if ns.min_nodes is not None else max(1, n - 1)
     max_nodes = ns.max_nodes if ns.max_nodes is not None else n
-    if ns.max_rounds < 1:
-        raise UsageError(f"--max-rounds must be >= 1, got {ns.max_rounds}")
-    for name in (
-        "late",
-        "closes",
-        "crash",
-        "restart_new",
-        "restart_same",
-        "cas_unknown",
-        "store_down",
-    ):
-        if getattr(ns, name) < 0:
-            raise UsageError(f"{_flag(name)} must be >= 0, got {getattr(ns, name)}")
+    _in_range("max_rounds", ns.max_rounds, 1, ROUNDS_LIMIT)
+    if ns.late < 0:
+        raise UsageError(f"--late must be >= 0, got {ns.late}")
+    for name in BUDGET_OPTIONS:
+        _in_range(name, getattr(ns, name), 0, BUDGET_LIMIT)
     _in_range("tick_ms", ns.tick_ms, *TICK_MS_RANGE, " ms")
     for name in TIME_OPTIONS:
         _in_range(name, getattr(ns, name), 1, TICKS_LIMIT, " ticks")
@@ -273,8 +287,7 @@ def build_config(
             "search is bounded by --max-states or --max-depth"
         )
     steps = DEFAULT_STEPS if ns.steps is None else ns.steps
-    if steps < 1:
-        raise UsageError(f"--steps must be >= 1, got {steps}")
+    _in_range("steps", steps, 1, STEPS_LIMIT)
     max_states = ns.max_states
     if max_states is None:
         max_states = 0

@@ -18,9 +18,13 @@ import pytest
 
 import spec
 from model_check.__main__ import (
+    BUDGET_LIMIT,
+    BUDGET_OPTIONS,
     DEFAULT_STEPS,
     DEFAULT_TRACE,
     PROPERTIES,
+    ROUNDS_LIMIT,
+    STEPS_LIMIT,
     TICK_MS_RANGE,
     TICKS_LIMIT,
     WORKERS_LIMIT,
@@ -278,13 +282,72 @@ def test_a_random_walk_trace_beyond_the_exhaustive_node_limit_replays(
         (["--heartbeat-timeout", "-1"], "--heartbeat-timeout must be in 1.."),
         (["--skew", str(TICKS_LIMIT + 1)], f"--skew must be in 0..{TICKS_LIMIT}"),
         (["--mode", "random", "--workers", str(WORKERS_LIMIT + 1)], "--workers must be in 1.."),
-        (["--mode", "random", "--steps", "0"], "--steps must be >= 1"),
+        (["--mode", "random", "--steps", "0"], f"--steps must be in 1..{STEPS_LIMIT}, got 0"),
+        (
+            ["--mode", "random", "--steps", str(STEPS_LIMIT + 1)],
+            f"--steps must be in 1..{STEPS_LIMIT}",
+        ),
+        (["--max-rounds", "0"], f"--max-rounds must be in 1..{ROUNDS_LIMIT}, got 0"),
+        (["--max-rounds", str(ROUNDS_LIMIT + 1)], f"--max-rounds must be in 1..{ROUNDS_LIMIT}"),
+        (["--late", "-1"], "--late must be >= 0, got -1"),
     ],
 )
 def test_ignored_or_out_of_range_options_are_usage_errors(
     args: list[str], message: str, capsys: Capsys
 ) -> None:
     assert message in _usage_error(["--nodes", "2", *args], capsys)
+
+
+@pytest.mark.parametrize("name", BUDGET_OPTIONS)
+@pytest.mark.parametrize("value", [-1, BUDGET_LIMIT + 1, 10**30])
+def test_a_budget_out_of_range_is_a_usage_error_naming_the_range(
+    name: str, value: int, capsys: Capsys
+) -> None:
+    flag = "--" + name.replace("_", "-")
+    line = _usage_error(["--nodes", "2", f"{flag}={value}"], capsys)
+    assert line == f"model_check: error: {flag} must be in 0..{BUDGET_LIMIT}, got {value}"
+
+
+def test_the_largest_budgets_rounds_and_steps_are_accepted() -> None:
+    # build_config only: a search with these budgets would be far too large to run here.
+    budgets = [f"--{name.replace('_', '-')}={BUDGET_LIMIT}" for name in BUDGET_OPTIONS]
+    args = ["--nodes", "2", f"--max-rounds={ROUNDS_LIMIT}", *budgets]
+    cfg, _ = build_config(_parser().parse_args(args))
+    assert (cfg.max_rounds, cfg.closes) == (ROUNDS_LIMIT, BUDGET_LIMIT)
+    assert cfg.faults.describe() == " ".join(
+        f"{name}={BUDGET_LIMIT}" for name in BUDGET_OPTIONS if name != "closes"
+    )
+    _, walk = build_config(_parser().parse_args([*args, "--mode=random", f"--steps={STEPS_LIMIT}"]))
+    assert walk["steps"] == STEPS_LIMIT
+
+
+def test_the_option_limits_cover_every_documented_and_tested_use() -> None:
+    # Every value passed to these options in the docs, tests, benchmarks and scripts
+    # (as "--name N", "--name=N" or ["--name", "N"]) must stay accepted.
+    limits = {name: BUDGET_LIMIT for name in BUDGET_OPTIONS}
+    limits |= {"max_rounds": ROUNDS_LIMIT, "steps": STEPS_LIMIT}
+    flags = "|".join(re.escape(n.replace("_", "-")) for n in limits)
+    use = re.compile(rf"--({flags})\b[\"']?(?:=|,?\s*[\"']?\s*|\s+)(\d[\d_,]*)")
+    seen: dict[str, int] = {}
+    for folder in ("docs", "tests", "benchmarks", "scripts", ".ci"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if not path.is_file() or path.suffix not in {".md", ".py", ".sh", ""}:
+                continue
+            for flag, number in use.findall(path.read_text(errors="replace")):
+                name = flag.replace("-", "_")
+                value = int(number.replace("_", "").replace(",", ""))
+                seen[name] = max(seen.get(name, 0), value)
+                assert value <= limits[name], (path, flag, value)
+    assert {"steps", "crash", "max_rounds", "closes"} <= set(seen)  # the scan finds them
+
+
+def test_help_names_every_option_range(capsys: Capsys) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"(1..{STEPS_LIMIT};" in text and f"(1..{ROUNDS_LIMIT};" in text
+    assert text.count(f"(0..{BUDGET_LIMIT})") == len(BUDGET_OPTIONS)
 
 
 def test_the_bounds_that_remain_accepted(capsys: Capsys) -> None:
