@@ -2,25 +2,38 @@
 
 Conformance is :func:`rdzv.testing.check_store`; the tests below pin URLs,
 authentication, client-certificate TLS, unknown transaction outcomes, restarts (etcd
-always persists; a wiped data directory is reported), a blackholed network, and that
-values are never unpickled.
+always persists; a wiped data directory is reported), a blackholed network, that
+values are never unpickled, and the store's use of resources: paced re-watches, no
+record delete after a failed ``add``, uncapped connections.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import json
 import re
+import threading
+import time
+import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import store_cases as cases
 from servers import Certs, EtcdServer, TcpProxy, free_port
 
-from rdzv.errors import RendezvousConnectionError
-from rdzv.stores.etcd import EtcdStore
+import rdzv.stores.etcd as etcd_module
+from rdzv.errors import RendezvousConnectionError, StoreTimeoutError
+from rdzv.stores.etcd import (
+    MAX_KEEPALIVE_CONNECTIONS,
+    WATCH_PAUSE_MAX_S,
+    WATCH_PAUSE_MIN_S,
+    EtcdStore,
+)
 from rdzv.stores.url import StoreUrlError
 from rdzv.testing import check_store
 
@@ -318,3 +331,171 @@ def test_a_woken_reader_reads_each_change_once(etcd_server: EtcdServer) -> None:
     check_one_read_per_change(
         lambda: EtcdStore(url, timeout=timedelta(seconds=5)), f"once-{uuid.uuid4().hex}"
     )
+
+
+# -- resources: paced re-watches, no needless requests, connections ----------------------------
+
+CONDITION_WITHIN_S = 20.0
+"""How long a test waits for the server to show what a store did (a loaded CI machine)."""
+JOIN_WITHIN_S = 60.0
+"""How long a test waits for a thread it started to finish."""
+MAX_WATCH_OPENS = 200
+"""A stubbed watch opened more often than this within one wait: the wait spins."""
+
+
+class _FakeTime:
+    """Stands in for the ``time`` module inside ``rdzv.stores.etcd``: ``monotonic`` moves
+    only by ``sleep``, which records what it was asked and returns at once."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def _stub_watches_that_end_at_once(store: EtcdStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make every watch of ``store`` a stream that the server ends right after "created",
+    with no events (a proxy that closes streaming responses); reads and writes still go
+    to the real server. Returns the list that records each watch opened."""
+    opened: list[str] = []
+
+    class _Reply:
+        status_code = 200
+
+        def iter_lines(self) -> Iterator[str]:
+            yield json.dumps({"result": {"created": True}})
+
+    @contextlib.contextmanager
+    def stream(method: str, url: str, **kwargs: Any) -> Iterator[_Reply]:
+        opened.append(url)
+        assert len(opened) <= MAX_WATCH_OPENS, "the wait re-watches without pausing"
+        yield _Reply()
+
+    monkeypatch.setattr(store._http, "stream", stream)
+    return opened
+
+
+def _expected_pauses(seconds: float) -> list[float]:
+    """The pauses of a wait of ``seconds`` whose every watch ends without events."""
+    pauses, pause, left = [], WATCH_PAUSE_MIN_S, seconds
+    while left > 1e-9:
+        pauses.append(min(pause, left))
+        left -= pauses[-1]
+        pause = min(pause * 2, WATCH_PAUSE_MAX_S)
+    return pauses
+
+
+@pytest.mark.parametrize("call", ["wait_for_change", "wait"])
+def test_watches_that_end_at_once_are_paced_not_spun(
+    etcd_server: EtcdServer, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    # A unit test of the read-and-watch loop, on the real server with only the watch
+    # stream stubbed: etcd itself never ends a watch without a reason, and the test
+    # proxy can cut a connection (a transport error, already retried with backoff) but
+    # not end an HTTP response cleanly, as an HTTP proxy with a stream time limit does.
+    # Time is fake: each pause moves it, so without pauses the wait would never end.
+    store = _fresh(etcd_server.url)
+    store.set("k", b"v")
+    opened = _stub_watches_that_end_at_once(store, monkeypatch)
+    clock = _FakeTime()
+    monkeypatch.setattr(etcd_module, "time", clock)
+    if call == "wait_for_change":
+        assert store.wait_for_change("k", b"v", timedelta(seconds=1)) is False
+    else:
+        with pytest.raises(StoreTimeoutError):
+            store.wait(["missing"], timedelta(seconds=1))
+    expected = _expected_pauses(1.0)
+    # 10, 20, 40, 80, 160 ms, then 200 ms until the deadline.
+    assert expected[:6] == [0.01, 0.02, 0.04, 0.08, 0.16, 0.2]
+    assert clock.sleeps == pytest.approx(expected)
+    assert len(opened) == len(expected)  # one pause after every watch that ended
+    monkeypatch.undo()
+    store.close()
+
+
+def test_add_on_an_unreachable_server_fails_without_deleting_its_record(
+    etcd_server: EtcdServer, tcp_proxy: Callable[[int], TcpProxy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proxy = tcp_proxy(etcd_server.port)
+    store = _fresh(f"etcd://127.0.0.1:{proxy.port}", request_timeout="0.3", retries="1")
+    record_prefix = f"{store.prefix}#add/".encode()
+    assert store.add("n", 1) == 1
+    assert _raw_keys(etcd_server, record_prefix) == []  # a successful add deletes it
+    paths: list[str] = []
+    post = store._post
+
+    def recording_post(path: str, body: dict[str, Any], doing: str) -> dict[str, Any]:
+        paths.append(path)
+        return post(path, body, doing)
+
+    monkeypatch.setattr(store, "_post", recording_post)
+    proxy.blackhole()
+    with pytest.raises(RendezvousConnectionError, match="failed while add after 2 att"):
+        store.add("n", 1)
+    # The add's read timed out twice (retries=1); no record was written, and no delete
+    # of it was sent to the server that had just not answered (another 2 timeouts).
+    assert paths == ["/v3/kv/txn", "/v3/kv/txn"]
+    proxy.resume()
+    assert store.add("n", 1) == 2
+    assert _raw_keys(etcd_server, record_prefix) == []
+    store.close()
+
+
+def _watchers(server: EtcdServer) -> int:
+    """The server's count of open watches (its Prometheus gauge)."""
+    with urllib.request.urlopen(f"{server.client_url}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    for line in text.splitlines():
+        if line.startswith("etcd_debugging_mvcc_watcher_total "):
+            return int(float(line.split()[1]))
+    raise AssertionError("etcd's /metrics has no etcd_debugging_mvcc_watcher_total")
+
+
+def test_more_waiters_than_kept_connections_all_wake_on_one_write(
+    start_etcd: Callable[..., EtcdServer],
+) -> None:
+    # Each waiting thread holds a watch connection for as long as it waits; the pool is
+    # not capped (MAX_CONNECTIONS), so a writer is never queued behind the waiters it
+    # must wake. A cap at, or below, the number of waiters fails this test: the write
+    # waits for a free connection until a wait times out.
+    server = start_etcd()  # private: the test counts the server's watches
+    store = _fresh(server.url)
+    count = MAX_KEEPALIVE_CONNECTIONS + 8
+    woke: list[bool] = []
+    lock = threading.Lock()
+
+    def waiter() -> None:
+        changed = store.wait_for_change("go", None, timedelta(seconds=JOIN_WITHIN_S / 2))
+        with lock:
+            woke.append(changed)
+
+    threads = [threading.Thread(target=waiter, name=f"waiter-{i}") for i in range(count)]
+    for thread in threads:
+        thread.start()
+    try:
+        deadline = time.monotonic() + CONDITION_WITHIN_S
+        while _watchers(server) < count:  # bounded by CONDITION_WITHIN_S
+            assert time.monotonic() < deadline, f"{count} waiters did not all watch"
+            time.sleep(0.02)
+        transport: Any = store._http._transport
+        pool = transport._pool  # httpcore's, to check the documented bound
+        assert len(pool.connections) <= count + 1  # one per thread using the store
+    finally:
+        try:
+            store.set("go", b"1")
+        finally:
+            _join(threads)
+    assert woke == [True] * count
+    store.close()
+
+
+def _join(threads: list[threading.Thread]) -> None:
+    for thread in threads:
+        thread.join(JOIN_WITHIN_S)
+        assert not thread.is_alive(), f"{thread.name} did not finish"

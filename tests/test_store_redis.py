@@ -2,7 +2,8 @@
 
 Conformance is :func:`rdzv.testing.check_store`; the tests below pin URLs, credentials,
 TLS, unknown write outcomes, restarts with and without persistence, a blackholed
-network, and that values are never unpickled.
+network, that values are never unpickled, and that no subscription outlives its wait
+(nor a thread's subscriber connection its thread).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -323,3 +326,111 @@ def test_a_woken_reader_reads_each_change_once(redis_server: RedisServer) -> Non
     check_one_read_per_change(
         lambda: RedisStore(url, timeout=timedelta(seconds=5)), f"once-{uuid.uuid4().hex}"
     )
+
+
+# -- subscriptions end with their wait --------------------------------------------------------
+
+CONDITION_WITHIN_S = 10.0
+"""How long a test waits for the server to show what a store did (a loaded CI machine)."""
+JOIN_WITHIN_S = 30.0
+"""How long a test waits for a thread it started to finish."""
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + CONDITION_WITHIN_S
+    while not condition():  # bounded by CONDITION_WITHIN_S
+        assert time.monotonic() < deadline, f"{what} did not happen within {CONDITION_WITHIN_S} s"
+        time.sleep(0.01)
+
+
+def _subscribers(server: RedisServer, store: RedisStore, key: str) -> int:
+    """How many connections the server has subscribed to ``key``'s change channel."""
+    reply = server.command("PUBSUB", "NUMSUB", f"__rdzv__:0:{store.prefix}:{key}")
+    return int(reply[1])
+
+
+def _unsubscribed_connections(server: RedisServer) -> int:
+    """Connections whose last command was UNSUBSCRIBE: subscriber connections kept
+    between waits."""
+    clients = server.command("CLIENT", "LIST").decode().splitlines()
+    return sum(" cmd=unsubscribe " in f" {line} " for line in clients)
+
+
+def _join(threads: list[threading.Thread]) -> None:
+    for thread in threads:
+        thread.join(JOIN_WITHIN_S)
+        assert not thread.is_alive(), f"{thread.name} did not finish"
+
+
+def test_a_wait_leaves_no_subscription_behind(redis_server: RedisServer) -> None:
+    # Redis queues every publication for a subscribed connection; one that stayed
+    # subscribed after its wait (nobody reads it until the next wait) would hold every
+    # later write's publication in server memory. So every wait ends its subscription
+    # before it returns: woken by a change, by a creation, or at its deadline.
+    store = _fresh(redis_server.url)
+    store.set("state", b"v0")
+    results: list[object] = []
+    waiters = [
+        threading.Thread(
+            target=lambda: results.append(
+                store.wait_for_change("state", b"v0", timedelta(seconds=30))
+            ),
+            name="wait_for_change",
+        ),
+        threading.Thread(target=lambda: results.append(store.get("late")), name="get"),
+    ]
+    for waiter in waiters:
+        waiter.start()
+    try:
+        _until(
+            lambda: (
+                _subscribers(redis_server, store, "state") == 1
+                and _subscribers(redis_server, store, "late") == 1
+            ),
+            "both waiters subscribing",
+        )
+    finally:
+        store.set("state", b"v1")
+        store.set("late", b"here")
+        _join(waiters)
+    assert sorted(map(repr, results)) == sorted([repr(True), repr(b"here")])
+    # The wait read the server's confirmation before returning: nothing is subscribed.
+    assert _subscribers(redis_server, store, "state") == 0
+    assert _subscribers(redis_server, store, "late") == 0
+    # A wait that runs out of time (a 50 ms store wait) ends its subscription too.
+    assert store.wait_for_change("state", b"v1", timedelta(milliseconds=50)) is False
+    assert _subscribers(redis_server, store, "state") == 0
+    store.close()
+
+
+def test_the_subscriber_connection_of_an_ended_thread_is_closed(
+    start_redis: Callable[..., RedisServer],
+) -> None:
+    server = start_redis()  # private: the test counts the server's connections
+    store = _fresh(server.url)
+    store.set("k", b"v0")
+    waiters = [
+        threading.Thread(
+            target=store.wait_for_change, args=("k", b"v0", timedelta(seconds=30)), name=f"w{i}"
+        )
+        for i in range(5)
+    ]
+    for waiter in waiters:
+        waiter.start()
+    try:
+        _until(lambda: _subscribers(server, store, "k") == 5, "five waiters subscribing")
+    finally:
+        store.set("k", b"v1")
+        _join(waiters)
+    assert _subscribers(server, store, "k") == 0
+    # Each ended thread's connection is still open, unsubscribed...
+    assert _unsubscribed_connections(server) == 5
+    # ... until the next wait (here, this thread's first), which closes them and keeps
+    # only its own, for this thread's next wait.
+    assert store.wait_for_change("k", b"v1", timedelta(milliseconds=50)) is False
+    _until(lambda: _unsubscribed_connections(server) == 1, "closing the ended threads' conns")
+    assert store.wait_for_change("k", b"v1", timedelta(milliseconds=50)) is False
+    assert _unsubscribed_connections(server) == 1  # reused, not a new connection
+    assert _subscribers(server, store, "k") == 0
+    store.close()
+    _until(lambda: _unsubscribed_connections(server) == 0, "close() closing the subscriber")

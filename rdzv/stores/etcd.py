@@ -21,7 +21,13 @@ Theory of operation:
 - Blocking calls read the key and the store's revision ``R``, then open a watch from
   ``R + 1`` (a streaming HTTP response), so any write after the read is delivered; an
   event showing a different value answers ``wait_for_change`` at once, otherwise they
-  re-read, and they stop at their deadline. Nothing polls.
+  re-read, and they stop at their deadline. Nothing polls. A watch that the server (or a
+  proxy) ends without events is followed by a pause, ``WATCH_PAUSE_MIN_S`` doubling to
+  ``WATCH_PAUSE_MAX_S``, before the next read: an endpoint that ends every watch at once
+  must not make a wait spin on read-and-watch until its deadline.
+- Connections: one ``httpx`` pool, uncapped (``MAX_CONNECTIONS``): a thread holds at most
+  one connection at a time (a request, or a watch for as long as it waits), so the pool
+  never holds more connections than there are threads using the store at once.
 - An epoch key ``<prefix>#epoch`` is created at open; every read reads it and every
   write is conditioned on it, so a wiped server is noticed at the next request.
 - Member sets (:class:`~rdzv.store.SetStore`): member ``m`` of set ``k`` is the etcd key
@@ -50,6 +56,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import enum
 import json
 import threading
 import time
@@ -95,6 +102,19 @@ SEEN_ENTRIES = 1_024
 """Bound on the per-store cache of (value, mod_revision) used by ``compare_set``."""
 MAX_CAS_ROUNDS = 1_000
 """Bound on read-then-transaction rounds of one ``compare_set``/``add`` under contention."""
+WATCH_PAUSE_MIN_S = 0.01
+"""First pause before reading again after a watch that ended without events."""
+WATCH_PAUSE_MAX_S = 0.2
+"""Upper bound of that pause (it doubles from ``WATCH_PAUSE_MIN_S`` while watches keep
+ending without events, and is never longer than what is left of the wait)."""
+MAX_CONNECTIONS: int | None = None
+"""The HTTP pool's cap on open connections: none. The bound is the number of threads
+using the store at once: a thread holds at most one connection at a time (a request, or
+a watch stream for as long as it waits). A cap would make a thread's request queue
+behind other threads' watches, so a write that would wake them could not be sent until a
+wait ended: with as many waiters as the cap, every wait would last its full timeout."""
+MAX_KEEPALIVE_CONNECTIONS = 32
+"""Idle connections the pool keeps open for reuse; more are closed when released."""
 _PARAMS = (
     "prefix",
     "retries",
@@ -128,6 +148,34 @@ def _prefix_end(prefix: bytes) -> bytes:
 
 class _Transient(Exception):
     """An answer worth retrying (etcd unavailable, token expired)."""
+
+
+class _Watched(enum.Enum):
+    """How one watch ended."""
+
+    EVENTS = "events"
+    """Events arrived: the key was written after the watch's start revision."""
+    ENDED = "ended"
+    """The stream ended (or etcd canceled the watch) without events: read again, after a
+    pause (:class:`_WatchPause`)."""
+    EXPIRED = "expired"
+    """The caller's deadline passed."""
+
+
+class _WatchPause:
+    """The pause between a watch that ended without events and the next read of one
+    wait: ``WATCH_PAUSE_MIN_S``, doubling up to ``WATCH_PAUSE_MAX_S``, cut to what is
+    left before the deadline; a watch that delivered events starts it over."""
+
+    def __init__(self) -> None:
+        self._next = WATCH_PAUSE_MIN_S
+
+    def after(self, watched: _Watched, deadline: float) -> None:
+        if watched is not _Watched.ENDED:
+            self._next = WATCH_PAUSE_MIN_S
+            return
+        time.sleep(max(0.0, min(self._next, deadline - time.monotonic())))
+        self._next = min(self._next * 2, WATCH_PAUSE_MAX_S)
 
 
 class EtcdStore(RemoteStore):
@@ -176,8 +224,10 @@ class EtcdStore(RemoteStore):
             base_url=f"{scheme}://{parsed.host}:{parsed.port}",
             timeout=httpx.Timeout(request_timeout, connect=connect_timeout),
             verify=True if tls is None else tls.context(),
-            # Each waiting thread holds one streaming connection; do not cap them.
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
+            limits=httpx.Limits(
+                max_connections=MAX_CONNECTIONS,
+                max_keepalive_connections=MAX_KEEPALIVE_CONNECTIONS,
+            ),
             trust_env=False,
         )
         self._epoch_key = f"{prefix}#epoch".encode()
@@ -514,32 +564,37 @@ class EtcdStore(RemoteStore):
         full, amount = self._k(key), check_amount(amount)
         record = f"{self._prefix}#add/{uuid.uuid4().hex}".encode()
         unknown = 0
-        try:
-            for _ in range(MAX_CAS_ROUNDS):
-                current, mod = self._read_one(full, "add")
-                new = (0 if current is None else parse_counter(key, current)) + amount
-                data = encode_counter(new)
-                try:
-                    if self._call_once_then_resolve(
-                        full, mod, [(full, data), (record, data)], "add"
-                    )[0]:
-                        return new
-                except OutcomeUnknown:
-                    done, _ = self._read_one(record, "add")
-                    if done is not None:
-                        return int(done)  # it happened: its result was recorded with it
-                    # Not applied (the record is written in the same transaction).
-                    unknown += 1
-                    self._after_unknown(unknown, "add")
-            raise RendezvousConnectionError(
-                f"add on {key!r} at {self._shown} lost {MAX_CAS_ROUNDS} races in a row"
-            )
-        finally:
-            self._forget(record)
+        # Only an add that returns deletes its record. An add that raises wrote none,
+        # except when the server stopped answering between a lost reply and the read
+        # that would resolve it: that record stays (it lies outside the namespace, so it
+        # is harmless), as deleting it would wait through another full round of retries
+        # on a server that just did not answer.
+        for _ in range(MAX_CAS_ROUNDS):
+            current, mod = self._read_one(full, "add")
+            new = (0 if current is None else parse_counter(key, current)) + amount
+            data = encode_counter(new)
+            puts = [(full, data), (record, data)]
+            try:
+                written, _, _ = self._call_once_then_resolve(full, mod, puts, "add")
+                if written:
+                    self._forget(record)
+                    return new
+            except OutcomeUnknown:
+                done, _ = self._read_one(record, "add")
+                if done is not None:
+                    self._forget(record)
+                    return int(done)  # it happened: its result was recorded with it
+                # Not applied (the record is written in the same transaction).
+                unknown += 1
+                self._after_unknown(unknown, "add")
+        raise RendezvousConnectionError(
+            f"add on {key!r} at {self._shown} lost {MAX_CAS_ROUNDS} races in a row"
+        )
 
     def _forget(self, record: bytes) -> None:
+        """Delete an applied ``add``'s record (retried; a failure is ignored: a leftover
+        record is harmless, it lies outside the namespace)."""
         body = {"key": _b64(record)}
-        # A leftover record is harmless: it lies outside the namespace.
         with contextlib.suppress(RendezvousConnectionError):
             self._call("add", lambda: self._post("/v3/kv/deleterange", body, "add"))
 
@@ -657,13 +712,16 @@ class EtcdStore(RemoteStore):
         """The values of ``full`` once all exist, None after ``seconds``; between reads
         it watches the first missing key."""
         deadline = time.monotonic() + seconds
-        while True:  # bounded by the deadline: each pass waits for a missing key
+        pause = _WatchPause()
+        while True:  # bounded by the deadline: each pass watches or pauses
             values, revision = self._read(full, doing)
             missing = [k for k, v in zip(full, values, strict=True) if v is None]
             if not missing:
                 return [v for v in values if v is not None]
-            if not self._watch(missing[0], revision, deadline, doing):
+            watched = self._watch(missing[0], revision, deadline, doing)
+            if watched is _Watched.EXPIRED:
                 return None
+            pause.after(watched, deadline)
 
     def seen(self, key: str) -> bytes | None:
         """The latest value of ``key`` this store saw (read, written, or delivered by a
@@ -710,20 +768,25 @@ class EtcdStore(RemoteStore):
             since = cached[1]
         elif current is None and cached is None:
             since = self._absent.get(full)
+        pause = _WatchPause()
         if since is not None:
-            if not self._watch(full, since, deadline, "wait_for_change", last):
+            watched = self._watch(full, since, deadline, "wait_for_change", last)
+            if watched is _Watched.EXPIRED:
                 return False
             if last and last[0] != current:
                 return True
-        while True:  # bounded by the deadline
+            pause.after(watched, deadline)
+        while True:  # bounded by the deadline: each pass watches or pauses
             values, revision = self._read([full], "wait_for_change")
             if values[0] != current:
                 return True
             last.clear()
-            if not self._watch(full, revision, deadline, "wait_for_change", last):
+            watched = self._watch(full, revision, deadline, "wait_for_change", last)
+            if watched is _Watched.EXPIRED:
                 return False
             if last and last[0] != current:
                 return True
+            pause.after(watched, deadline)
 
     def _watch(
         self,
@@ -732,19 +795,20 @@ class EtcdStore(RemoteStore):
         deadline: float,
         doing: str,
         last: list[bytes | None] | None = None,
-    ) -> bool:
-        """Sleep until ``key`` is written after ``revision`` (True) or the deadline
-        passes (False). True may also mean "look again" (a compacted history). When
-        events arrived and ``last`` is given, it receives the key's value after the last
-        one (None for a delete)."""
+    ) -> _Watched:
+        """Sleep until ``key`` is written after ``revision`` (``EVENTS``), the stream
+        ends without events (``ENDED``: the server or a proxy closed it, or etcd canceled
+        the watch for a compacted history; look again), or the deadline passes
+        (``EXPIRED``). When events arrived and ``last`` is given, it receives the key's
+        value after the last one (None for a delete)."""
         if time.monotonic() >= deadline:
-            return False
+            return _Watched.EXPIRED
         body = {"create_request": {"key": _b64(key), "start_revision": str(revision + 1)}}
 
-        def once() -> bool:
+        def once() -> _Watched:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return False
+                return _Watched.EXPIRED
             timeout = self._httpx.Timeout(
                 self._request_timeout, connect=self._connect_timeout, read=remaining
             )
@@ -771,18 +835,20 @@ class EtcdStore(RemoteStore):
                             kv = final.get("kv", {})
                             last[:] = [None if deleted else _unb64(kv.get("value"))]
                             self._remember(key, last[0], int(kv.get("mod_revision", 0)))
-                        if events or result.get("canceled"):
-                            return True
+                        if events:
+                            return _Watched.EVENTS
+                        if result.get("canceled"):
+                            return _Watched.ENDED
                         if time.monotonic() >= deadline:
-                            return False
+                            return _Watched.EXPIRED
             except self._httpx.ReadTimeout:
                 if time.monotonic() >= deadline - 0.001:
-                    return False
+                    return _Watched.EXPIRED
                 raise
-            # The server ended the stream: look again.
-            return True
+            # The server (or a proxy) ended the stream without events: look again.
+            return _Watched.ENDED
 
-        return self._call(doing, once, deadline, expired=lambda: False)
+        return self._call(doing, once, deadline, expired=lambda: _Watched.EXPIRED)
 
 
 def open_etcd(url: str, timeout: timedelta) -> EtcdStore:

@@ -12,6 +12,13 @@ Theory of operation:
   then read, then sleep in ``get_message`` until a publication or their deadline, and
   re-read: a write after the read is always published after the subscription, so no
   wake-up is lost and nothing polls.
+- A wait unsubscribes before it returns and reads up to the server's confirmation: the
+  server queues every publication for a subscribed connection, and nobody reads one
+  between waits, so a subscription that outlived its wait would pile up every later
+  write's publication in the server's memory (until ``client-output-buffer-limit
+  pubsub`` dropped the connection). The connection itself is kept for the thread's next
+  wait, and closed once its thread has ended (at another thread's next wait) or by
+  ``close``.
 - ``compare_set`` is one Lua script (read, compare, write, publish). ``add`` is one Lua
   script that ``INCRBY``\\ s and records its result under a per-call token for
   ``ADD_RECORD_S`` seconds.
@@ -51,6 +58,7 @@ import hashlib
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, cast
@@ -293,11 +301,14 @@ class RedisStore(RemoteStore):
         self._ttl_ms = 0 if ttl is None else round(ttl * 1000)
         self._index = f"{prefix}#index"
         self._epoch_key = f"{prefix}#epoch"
+        self._socket_timeout = socket_timeout
         self._lock = threading.Lock()
-        # One subscriber connection per waiting thread, kept between waits (a new
-        # connection per wait costs a handshake, which dominates with many waiters).
+        # One subscriber connection per thread that waits, kept between its waits (a new
+        # connection per wait costs a handshake, which dominates with many waiters) but
+        # subscribed only during a wait; listed with a weak reference to its thread, so
+        # the connection of a thread that ended is closed (see _subscriber).
         self._subscribers = threading.local()
-        self._all_subscribers: list[Any] = []
+        self._all_subscribers: list[tuple[weakref.ref[threading.Thread], Any]] = []
         tls_kwargs: dict[str, Any] = {}
         if tls is not None:
             tls_kwargs = {
@@ -340,31 +351,68 @@ class RedisStore(RemoteStore):
         """Close this store's connections."""
         with self._lock:
             subscribers, self._all_subscribers = self._all_subscribers, []
-        for pubsub in subscribers:
+        for _, pubsub in subscribers:
             pubsub.close()
         self._client.close()
 
     def _subscriber(self) -> Any:
-        """This thread's subscriber connection (created on first use)."""
+        """This thread's subscriber connection (created on first use). Also closes the
+        subscriber connections of threads that have ended: nobody can use them again."""
         pubsub = getattr(self._subscribers, "pubsub", None)
+        created = None
         if pubsub is None:
-            pubsub = self._client.pubsub()
+            pubsub = created = self._client.pubsub()
             self._subscribers.pubsub = pubsub
-            with self._lock:
-                self._all_subscribers.append(pubsub)
+        ended = []
+        with self._lock:
+            keep = []
+            for owner, other in self._all_subscribers:
+                thread = owner()
+                if thread is None or not thread.is_alive():
+                    ended.append(other)
+                else:
+                    keep.append((owner, other))
+            if created is not None:
+                keep.append((weakref.ref(threading.current_thread()), created))
+            self._all_subscribers = keep
+        for other in ended:
+            other.close()
         return pubsub
 
     def _drop_subscriber(self) -> None:
-        """Forget this thread's subscriber after an error (the next wait makes a new one)."""
+        """Close this thread's subscriber after an error (the next wait makes a new one);
+        the server ends a closed connection's subscriptions."""
         pubsub = getattr(self._subscribers, "pubsub", None)
         if pubsub is None:
             return
         self._subscribers.pubsub = None
-        self._subscribers.channels = None
         with self._lock:
-            if pubsub in self._all_subscribers:
-                self._all_subscribers.remove(pubsub)
+            self._all_subscribers = [e for e in self._all_subscribers if e[1] is not pubsub]
         pubsub.close()
+
+    def _unsubscribe(self, pubsub: Any, channels: Sequence[str]) -> bool:
+        """End the subscription to ``channels`` and read up to the server's confirmation
+        (one round trip), discarding publications that arrived before it; then the
+        connection holds nothing and the server queues nothing more for it. False when
+        the server did not confirm within ``socket_timeout`` or the connection failed:
+        the caller then closes the connection, which ends the subscription too."""
+        pending = {c.encode() for c in channels}
+        end = time.monotonic() + self._socket_timeout
+        try:
+            pubsub.unsubscribe(*channels)
+            # Bounded by socket_timeout; redis-py marks the connection unsubscribed once
+            # the last confirmation is read.
+            while pending and pubsub.subscribed:
+                remaining = end - time.monotonic()
+                if remaining <= 0:
+                    return False
+                message = pubsub.get_message(timeout=remaining)
+                if message is not None and message.get("type") == "unsubscribe":
+                    name = message.get("channel")
+                    pending.discard(name.encode() if isinstance(name, str) else name)
+        except (self._redis.RedisError, OSError):
+            return False
+        return not pending
 
     def _init_epoch(self) -> bytes:
         self._client.set(self._epoch_key, uuid.uuid4().hex, nx=True)
@@ -686,15 +734,11 @@ class RedisStore(RemoteStore):
         change channels between reads (see the module docstring)."""
         deadline = time.monotonic() + seconds
         channels = sorted({self._channel(k) for k in full})
-        subscribed = getattr(self._subscribers, "channels", None) == channels
-        if not subscribed or seconds <= 0:
-            # Look before paying for a subscription. A thread subscribed to these keys
-            # already (a node waits on the state slice after slice) skips this look:
-            # sleep_on looks first.
-            if self._call(doing, ready, keys=full):
-                return True
-            if seconds <= 0:
-                return False
+        # Look before paying for a subscription (and its end).
+        if self._call(doing, ready, keys=full):
+            return True
+        if seconds <= 0:
+            return False
 
         def sleep_on(pubsub: Any) -> bool:
             while True:  # bounded by the deadline
@@ -704,8 +748,9 @@ class RedisStore(RemoteStore):
                 if remaining <= 0:
                     return False
                 # Sleep until a publication on our channels (or the deadline);
-                # (un)subscribe confirmations are skipped. A publication left over from
-                # an earlier wait only makes this look again (waking early is allowed).
+                # subscribe confirmations are skipped. A publication of a write that
+                # the last look already saw only makes this look again (waking early
+                # is allowed).
                 end = time.monotonic() + remaining
                 while time.monotonic() < end:
                     message = pubsub.get_message(timeout=max(0.0, end - time.monotonic()))
@@ -726,20 +771,18 @@ class RedisStore(RemoteStore):
         def subscribed_wait() -> bool:
             pubsub = self._subscriber()
             try:
-                # Stay subscribed between waits on the same keys (a waiting node waits
-                # on one key slice after slice); change the subscription only when the
-                # keys change.
-                current = getattr(self._subscribers, "channels", None)
-                if current != channels:
-                    if current:
-                        pubsub.unsubscribe(*current)
-                    pubsub.subscribe(*channels)
-                    self._subscribers.channels = channels
-                    confirmed(pubsub)
-                return sleep_on(pubsub)
+                pubsub.subscribe(*channels)
+                confirmed(pubsub)
+                woke = sleep_on(pubsub)
+                # Subscribed only while this thread reads the connection (see the
+                # module docstring); the connection stays for the next wait.
+                ended = self._unsubscribe(pubsub, channels)
             except BaseException:
                 self._drop_subscriber()
                 raise
+            if not ended:
+                self._drop_subscriber()
+            return woke
 
         return self._call(doing, subscribed_wait, deadline, expired=lambda: False, keys=full)
 
