@@ -357,7 +357,12 @@ class _Worker:
         _LIVE.append(self)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
+        try:
+            self.reader.start()
+        except BaseException:
+            self.kill()  # nobody holds this worker yet: stop its process here
+            self.proc.wait(PROBE_TIMEOUT_S)
+            raise
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -391,6 +396,8 @@ class _Worker:
         return arg
 
     def stop(self) -> None:
+        """End the process (closing its stdin ends it; killed if it does not end within
+        PROBE_TIMEOUT_S) and then the reader thread (it ends at the end of the output)."""
         with contextlib.suppress(OSError, ValueError):
             assert self.proc.stdin is not None
             self.proc.stdin.close()
@@ -399,6 +406,7 @@ class _Worker:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(PROBE_TIMEOUT_S)
+        self.reader.join(PROBE_TIMEOUT_S)
 
 
 class Nodes:
@@ -411,7 +419,8 @@ class Nodes:
         spec = {**job, "run_id": run_id, "interval": interval}
         self.workers: list[_Worker] = []
         try:
-            self.workers = [_Worker(spec, c) for c in self.counts]
+            for c in self.counts:
+                self.workers.append(_Worker(spec, c))  # before the next one starts
             until = time.monotonic() + WORKER_READY_S + CHILD_SLACK_PER_NODE_S * self.n
             for w in self.workers:
                 w.expect("READY", until - time.monotonic())
@@ -450,8 +459,10 @@ class Nodes:
         return f"{len(self.counts)}x{high}" if low == high else f"{len(self.counts)}x{low}-{high}"
 
     def stop(self) -> None:
-        for w in self.workers:
-            w.stop()
+        """Stop every worker, each even if stopping another one raised."""
+        with contextlib.ExitStack() as stops:
+            for w in self.workers:
+                stops.callback(w.stop)
 
 
 def measure_round(job: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 # A missing binary raises servers.ServerMissing (tests/servers.py): the tests fail, never skip.
 
 from collections.abc import Callable, Iterator  # noqa: E402
+from contextlib import ExitStack  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, TypeVar  # noqa: E402
 
@@ -65,19 +66,18 @@ _Server = TypeVar("_Server", RedisServer, EtcdServer)
 
 def _starter(kind: type[_Server], workdir: Path, stem: str) -> Iterator[Callable[..., _Server]]:
     """Yield ``start(**options)``, which starts a private server in its own directory
-    under ``workdir``; every server started is stopped afterwards."""
+    under ``workdir``; every server started is stopped afterwards, each even if stopping
+    another one raised (and one whose start failed is stopped too)."""
     started: list[_Server] = []
+    with ExitStack() as stops:
 
-    def start(**options: Any) -> _Server:
-        server = kind(workdir / f"{stem}{len(started)}", **options)
-        started.append(server)
-        return server.start()
+        def start(**options: Any) -> _Server:
+            server = kind(workdir / f"{stem}{len(started)}", **options)
+            started.append(server)
+            stops.callback(server.stop)  # before it starts: a failed start is cleaned up
+            return server.start()
 
-    try:
         yield start
-    finally:
-        for server in started:
-            server.stop()
 
 
 @pytest.fixture
@@ -95,16 +95,13 @@ def start_etcd(tmp_path: Path) -> Iterator[Callable[..., EtcdServer]]:
 
 @pytest.fixture
 def tcp_proxy() -> Iterator[Callable[[int], TcpProxy]]:
-    """``tcp_proxy(port)`` starts a proxy to 127.0.0.1:port; stopped after the test."""
-    started: list[TcpProxy] = []
+    """``tcp_proxy(port)`` starts a proxy to 127.0.0.1:port; every proxy started is stopped
+    after the test, each even if stopping another one raised."""
+    with ExitStack() as stops:
 
-    def start(port: int) -> TcpProxy:
-        proxy = TcpProxy(port).start()
-        started.append(proxy)
-        return proxy
+        def start(port: int) -> TcpProxy:
+            proxy = TcpProxy(port).start()  # a start that raised started no thread
+            stops.callback(proxy.stop)
+            return proxy
 
-    try:
         yield start
-    finally:
-        for proxy in started:
-            proxy.stop()

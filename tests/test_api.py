@@ -8,6 +8,8 @@ import logging
 import random
 import threading
 import typing
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -282,6 +284,30 @@ def test_handler_settings_and_identity() -> None:
     assert len(nonces) == 50
 
 
+THREAD_JOIN_S = 60.0
+"""Bound on waiting for one thread a test started."""
+
+
+@contextmanager
+def stopped(*handlers: DynamicRendezvousHandler) -> Iterator[list[threading.Thread]]:
+    """Yield a list for the threads the block starts (add each before starting it). When
+    the block ends, also by an exception, every thread is joined (each bounded by
+    THREAD_JOIN_S) and then every handler is shut down, each even if another raised, so
+    no keep-alive thread outlives the test. A handler the test shut down already is shut
+    down again: closing a closed rendezvous changes nothing."""
+    threads: list[threading.Thread] = []
+    with ExitStack() as stack:
+        for handler in handlers:
+            stack.callback(handler.shutdown)
+        stack.callback(_join_all, threads)  # first: a running operation holds the lock
+        yield threads
+
+
+def _join_all(threads: list[threading.Thread]) -> None:
+    for thread in threads:
+        thread.join(THREAD_JOIN_S)
+
+
 # -- create_handler ----------------------------------------------------------------------------
 def test_create_handler_parses_config_strings() -> None:
     p = RendezvousParameters(
@@ -318,16 +344,18 @@ def test_create_handler_with_store_and_backend(keywords: bool) -> None:
         handler = create_handler(store=store, backend=backend, params=p)
     else:
         handler = create_handler(store, backend, p)
-    info = handler.next_rendezvous()
-    assert (info.rank, info.world_size, info.round) == (0, 1, 0)
-    assert store.check(["rdzv/job/state"])
-    assert handler.shutdown()
+    with stopped(handler):
+        info = handler.next_rendezvous()
+        assert (info.rank, info.world_size, info.round) == (0, 1, 0)
+        assert store.check(["rdzv/job/state"])
+        assert handler.shutdown()
 
 
 def test_create_handler_takes_params_as_a_keyword() -> None:
     handler = create_handler(params=RendezvousParameters("rdzv", "memory://kw", "job", 1, 1))
-    assert handler.next_rendezvous().world_size == 1
-    assert handler.shutdown()
+    with stopped(handler):
+        assert handler.next_rendezvous().world_size == 1
+        assert handler.shutdown()
 
 
 @pytest.mark.parametrize(
@@ -404,9 +432,10 @@ def test_backend_works_on_any_duck_typed_store() -> None:
     store = _Wrapped()
     backend = StoreRendezvousBackend(store, "job")  # type: ignore[arg-type]
     handler = DynamicRendezvousHandler.from_backend("job", store, backend, 1, 1)  # type: ignore[arg-type]
-    assert handler.next_rendezvous().world_size == 1
-    assert store.calls > 0
-    assert handler.shutdown()
+    with stopped(handler):
+        assert handler.next_rendezvous().world_size == 1
+        assert store.calls > 0
+        assert handler.shutdown()
 
 
 # -- clocks and units --------------------------------------------------------------------------
@@ -436,21 +465,24 @@ def test_every_transition_is_logged_as_json(caplog: pytest.LogCaptureFixture) ->
     handler = DynamicRendezvousHandler.from_backend(
         "job", store, StoreRendezvousBackend(store, "job"), 1, 1, rng=random.Random(0)
     )
-    with caplog.at_level(logging.DEBUG, logger="rdzv.events"):
-        handler.next_rendezvous()
-    records = [rdzv_events.parse(r.getMessage()) for r in caplog.records if r.name == "rdzv.events"]
-    assert records, "no transition events"
-    assert {r["node"] for r in records} == {str(handler.node)}
-    assert [r["op"] for r in records if r["input"] == "start_op"] == ["exit", "join"]
-    actions = [r["action"] for r in records if r["action"]]
-    assert "add_to_participants" in actions and actions[-1] == "finish"
-    last = records[-1]
-    assert last["request"] == "done" and last["complete"] is True and last["round"] == 0
-    assert last["version"] == rdzv_events.state_version(store.get("rdzv/job/state"))
-    assert all(
-        json.loads(r.getMessage()) == rec for r, rec in zip(caplog.records, records, strict=False)
-    )
-    handler.shutdown()
+    with stopped(handler):
+        with caplog.at_level(logging.DEBUG, logger="rdzv.events"):
+            handler.next_rendezvous()
+        records = [
+            rdzv_events.parse(r.getMessage()) for r in caplog.records if r.name == "rdzv.events"
+        ]
+        assert records, "no transition events"
+        assert {r["node"] for r in records} == {str(handler.node)}
+        assert [r["op"] for r in records if r["input"] == "start_op"] == ["exit", "join"]
+        actions = [r["action"] for r in records if r["action"]]
+        assert "add_to_participants" in actions and actions[-1] == "finish"
+        last = records[-1]
+        assert last["request"] == "done" and last["complete"] is True and last["round"] == 0
+        assert last["version"] == rdzv_events.state_version(store.get("rdzv/job/state"))
+        assert all(
+            json.loads(r.getMessage()) == rec
+            for r, rec in zip(caplog.records, records, strict=False)
+        )
 
 
 def test_event_parse_rejects_foreign_lines() -> None:
@@ -471,34 +503,43 @@ def test_event_traces_pair_every_request_with_its_answer(
     # What a trace checker relies on: per node, each request is answered by the matching
     # input (or io_failed), and every operation starts with start_op and ends in done/fail.
     store = MemoryStore()
+    # The join timeout bounds how long a shut-down at the end waits for a hung operation.
+    timeout = RendezvousTimeout(join=timedelta(seconds=THREAD_JOIN_S))
     handlers = [
         DynamicRendezvousHandler.from_backend(
-            "job", store, StoreRendezvousBackend(store, "job"), 4, 4, cache_duration=0
+            "job",
+            store,
+            StoreRendezvousBackend(store, "job"),
+            4,
+            4,
+            cache_duration=0,
+            timeout=timeout,
         )
         for _ in range(4)
     ]
-    with caplog.at_level(logging.DEBUG, logger="rdzv.events"):
-        threads = [threading.Thread(target=h.next_rendezvous) for h in handlers]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-    assert not any(t.is_alive() for t in threads)
-    records = [rdzv_events.parse(r.getMessage()) for r in caplog.records if r.name == "rdzv.events"]
-    for h in handlers:
-        trace = [r for r in records if r["node"] == str(h.node)]
-        ops = [r["op"] for r in trace if r["input"] == "start_op"]
-        assert ops == ["exit", "join"]
-        expected: str | None = None
-        for r in trace:
-            if expected is None:
-                assert r["input"] == "start_op", r
-            else:
-                assert r["input"] in (expected, "io_failed"), r
-            expected = ANSWERS.get(r["request"])
-        assert expected is None and trace[-1]["request"] == "done"
-    for h in handlers:
-        h.shutdown()
+    with stopped(*handlers) as threads:
+        with caplog.at_level(logging.DEBUG, logger="rdzv.events"):
+            for h in handlers:
+                threads.append(threading.Thread(target=h.next_rendezvous, daemon=True))
+                threads[-1].start()
+            for t in threads:
+                t.join(THREAD_JOIN_S)
+        assert not any(t.is_alive() for t in threads)
+        records = [
+            rdzv_events.parse(r.getMessage()) for r in caplog.records if r.name == "rdzv.events"
+        ]
+        for h in handlers:
+            trace = [r for r in records if r["node"] == str(h.node)]
+            ops = [r["op"] for r in trace if r["input"] == "start_op"]
+            assert ops == ["exit", "join"]
+            expected: str | None = None
+            for r in trace:
+                if expected is None:
+                    assert r["input"] == "start_op", r
+                else:
+                    assert r["input"] in (expected, "io_failed"), r
+                expected = ANSWERS.get(r["request"])
+            assert expected is None and trace[-1]["request"] == "done"
 
 
 def test_every_event_and_request_of_the_machine_has_a_name() -> None:

@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -81,8 +81,8 @@ class StoreCluster:
             config = json.dumps(self.config)
             args = (self.url, i, str(self.work), self.lo, self.hi, config, first)
             proc = ctx.Process(target=_worker, args=args, daemon=True)
-            self.procs[i] = proc
             proc.start()
+            self.procs[i] = proc  # before the next one starts: stop() sees every one
         for i in indices:
             assert _wait_for_file(self.work / f"ready-{i}", PROCESS_JOIN), f"worker {i} hung"
 
@@ -97,15 +97,17 @@ class StoreCluster:
         return [self.result(k, i) for i in members]
 
     def stop(self) -> None:
-        (self.work / "stop").touch()
-        for k in range(ROUND_FILES):
-            (self.work / f"go{k}").touch()
-        for p in self.procs.values():
-            p.join(PROCESS_JOIN)
-        for p in self.procs.values():
-            if p.is_alive():
-                p.kill()
+        try:
+            (self.work / "stop").touch()
+            for k in range(ROUND_FILES):
+                (self.work / f"go{k}").touch()
+            for p in self.procs.values():
                 p.join(PROCESS_JOIN)
+        finally:
+            for p in self.procs.values():  # also if a touch or a join raised
+                if p.is_alive():
+                    p.kill()
+                    p.join(PROCESS_JOIN)
 
 
 @contextmanager
@@ -116,6 +118,22 @@ def store_cluster(work: Path, url: str, lo: int, hi: int, **config: str) -> Iter
     finally:
         c.stop()
     assert all(p.exitcode is not None for p in c.procs.values())
+
+
+def _close(store: object) -> None:
+    """Close ``store`` (the Store protocol has no ``close``; every rdzv store has one, and
+    closing one twice is harmless)."""
+    getattr(store, "close", lambda: None)()
+
+
+@contextmanager
+def _opened(url: str) -> Iterator[Store]:
+    """The store at ``url``, closed when the block ends, also when it fails."""
+    store = open_store(url)
+    try:
+        yield store
+    finally:
+        _close(store)
 
 
 # -- one adapter per server kind -----------------------------------------------------------
@@ -181,7 +199,10 @@ def test_processes_join_die_and_join_late(backend: Backend, tmp_path: Path) -> N
     # prune live but starved processes on a loaded 2-core CI machine (seen with 1 s).
     config = {"keep_alive_interval": "0.5", "keep_alive_max_attempt": "6"}
     url = backend.url()
-    with store_cluster(tmp_path / "work", url, 6, 8, last_call_timeout="3", **config) as c:
+    with (
+        _opened(url) as store,
+        store_cluster(tmp_path / "work", url, 6, 8, last_call_timeout="3", **config) as c,
+    ):
         c.start(list(range(8)))
         first = c.round(0, list(range(8)))
         print(json.dumps(first, indent=1))  # shown when the checks below fail
@@ -198,7 +219,6 @@ def test_processes_join_die_and_join_late(backend: Backend, tmp_path: Path) -> N
         second = c.round(1, list(range(7)))
         _check_round(second, 7)
         assert second[0]["round"] == first[0]["round"] + 1
-        store = open_store(url)
         state = decode(store.get(STATE_KEY))
         dead = next(r["node"] for r in first if r["node"] not in {s["node"] for s in second})
         assert dead not in {str(n) for n, _ in state.last_heartbeats}
@@ -260,45 +280,44 @@ def store_url(
 def test_a_process_killed_inside_an_open_round_is_pruned(store_url: str, tmp_path: Path) -> None:
     # Heartbeats every 0.5 s; dead after 6 missed ones (3 s), as in the test above.
     config = {"keep_alive_interval": "0.5", "keep_alive_max_attempt": "6"}
-    store = open_store(store_url)
-    try:
-        with store_cluster(tmp_path / "work", store_url, 8, 8, **config) as c:
-            c.start(list(range(7)))
-            (c.work / "go0").touch()  # the 7 call next_rendezvous; the round needs 8
-            joined = _wait_for_state(store, lambda s: len(s.participants) == 7, "7 joined")
-            ids = _node_ids(c.work, range(7))  # written before they called next_rendezvous
-            assert _members(joined) == set(ids.values())
-            assert not joined.complete
+    with (
+        _opened(store_url) as store,
+        store_cluster(tmp_path / "work", store_url, 8, 8, **config) as c,
+    ):
+        c.start(list(range(7)))
+        (c.work / "go0").touch()  # the 7 call next_rendezvous; the round needs 8
+        joined = _wait_for_state(store, lambda s: len(s.participants) == 7, "7 joined")
+        ids = _node_ids(c.work, range(7))  # written before they called next_rendezvous
+        assert _members(joined) == set(ids.values())
+        assert not joined.complete
 
-            # The victim is a participant of the open round, blocked in next_rendezvous.
-            victim = c.procs[6]
-            assert victim.pid is not None
-            os.kill(victim.pid, signal.SIGKILL)
-            victim.join(PROCESS_JOIN)
-            assert victim.exitcode == -signal.SIGKILL
-            assert not list(c.work.glob("result-*")), "a round of 8 completed with 7"
-            dead = ids.pop(6)
-            # Only the survivors' keep-alives can take it out: once its heartbeat expired.
-            pruned = _wait_for_state(
-                store, lambda s: dead not in _members(s), "the killed process is pruned"
-            )
-            assert _members(pruned) == set(ids.values())
-            assert dead not in {str(n) for n, _ in pruned.last_heartbeats}
-            assert (pruned.round, pruned.complete) == (joined.round, False)
+        # The victim is a participant of the open round, blocked in next_rendezvous.
+        victim = c.procs[6]
+        assert victim.pid is not None
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(PROCESS_JOIN)
+        assert victim.exitcode == -signal.SIGKILL
+        assert not list(c.work.glob("result-*")), "a round of 8 completed with 7"
+        dead = ids.pop(6)
+        # Only the survivors' keep-alives can take it out: once its heartbeat expired.
+        pruned = _wait_for_state(
+            store, lambda s: dead not in _members(s), "the killed process is pruned"
+        )
+        assert _members(pruned) == set(ids.values())
+        assert dead not in {str(n) for n, _ in pruned.last_heartbeats}
+        assert (pruned.round, pruned.complete) == (joined.round, False)
 
-            # Two newcomers join the same open round (go0 exists: they start at once).
-            c.start([7, 8])
-            results = [c.result(0, i) for i in [*ids, 7, 8]]
-            ids.update(_node_ids(c.work, [7, 8]))
-            print(json.dumps(results, indent=1))  # shown when the checks below fail
-            _check_round(results, 8)
-            assert {r["node"] for r in results} == set(ids.values())
-            assert dead not in {r["node"] for r in results}
-            assert {r["round"] for r in results} == {joined.round}
-            by_node = sorted(results, key=lambda r: _node_key(r["node"]))
-            assert [r["rank"] for r in by_node] == list(range(8))
-    finally:
-        getattr(store, "close", lambda: None)()
+        # Two newcomers join the same open round (go0 exists: they start at once).
+        c.start([7, 8])
+        results = [c.result(0, i) for i in [*ids, 7, 8]]
+        ids.update(_node_ids(c.work, [7, 8]))
+        print(json.dumps(results, indent=1))  # shown when the checks below fail
+        _check_round(results, 8)
+        assert {r["node"] for r in results} == set(ids.values())
+        assert dead not in {r["node"] for r in results}
+        assert {r["round"] for r in results} == {joined.round}
+        by_node = sorted(results, key=lambda r: _node_key(r["node"]))
+        assert [r["rank"] for r in by_node] == list(range(8))
 
 
 # -- threads -------------------------------------------------------------------------------
@@ -331,29 +350,43 @@ class Node:
         assert not self.thread.is_alive(), "a node hung"
 
     def close(self) -> None:
-        self.handler.shutdown()
+        """Stop the heartbeats and close the store ``create_handler`` opened for this node
+        (not ``shutdown()``: closing the rendezvous would need the store, which a test may
+        have broken). Harmless after a ``shutdown()`` that closed the store already."""
+        try:
+            self.handler._stop_heartbeats()
+        finally:
+            _close(self.handler._store)
 
 
 @contextmanager
 def nodes() -> Iterator[list[Node]]:
+    """Yield the list that :func:`start_node` adds nodes to; when the block ends, also by
+    an exception, wait for every node's thread (each bounded by NODE_JOIN_S), then close
+    every node, each even if closing another one raised."""
     started: list[Node] = []
     try:
         yield started
     finally:
-        for node in started:
-            node.thread.join(NODE_JOIN_S)
-        for node in started:
-            node.handler._stop_heartbeats()  # shutdown() would need the store
+        with ExitStack() as closing:
+            for node in started:
+                closing.callback(node.close)
+            for node in started:
+                node.thread.join(NODE_JOIN_S)
+
+
+def start_node(started: list[Node], url: str, run_id: str, lo: int, hi: int, **config: str) -> Node:
+    """A new node, added to ``started`` (so :func:`nodes` closes it) before it starts."""
+    node = Node(url, run_id, lo, hi, **config)
+    started.append(node)
+    return node.start()
 
 
 def _participants(url: str, run_id: str) -> int:
-    store = open_store(url)
-    try:
+    with _opened(url) as store:
         if not store.check([f"rdzv/{run_id}/state"]):
             return 0
         return len(decode(store.get(f"rdzv/{run_id}/state")).participants)
-    finally:
-        getattr(store, "close", lambda: None)()
 
 
 def _wait_for_participants(url: str, run_id: str, count: int) -> None:
@@ -373,10 +406,11 @@ def _ranks(started: list[Node]) -> list[int]:
 def test_restart_with_persistence_completes_the_round(backend: Backend) -> None:
     url, run = backend.url(), f"run{uuid.uuid4().hex[:8]}"
     with nodes() as started:
-        started += [Node(url, run, 3, 3).start() for _ in range(2)]
+        for _ in range(2):
+            start_node(started, url, run, 3, 3)
         _wait_for_participants(url, run, 2)
         backend.restart_keeping_data()  # SIGKILL + start on the same port, data kept
-        started.append(Node(url, run, 3, 3).start())
+        start_node(started, url, run, 3, 3)
         assert _ranks(started) == [0, 1, 2]
         rounds = {n.info.round for n in started if n.info is not None}
         assert len(rounds) == 1
@@ -385,7 +419,8 @@ def test_restart_with_persistence_completes_the_round(backend: Backend) -> None:
 def test_restart_losing_data_is_a_clear_error(volatile_backend: Backend) -> None:
     url, run = volatile_backend.url(), f"run{uuid.uuid4().hex[:8]}"
     with nodes() as started:
-        started += [Node(url, run, 3, 3).start() for _ in range(2)]
+        for _ in range(2):
+            start_node(started, url, run, 3, 3)
         _wait_for_participants(url, run, 2)
         volatile_backend.restart_losing_data()
         for node in started:
@@ -410,11 +445,12 @@ def test_short_partition_is_survived(
     heal = threading.Timer(PARTITION_S, proxy.resume)
     try:
         with nodes() as started:
-            started += [Node(url, run, 3, 3, **beats).start() for _ in range(2)]
+            for _ in range(2):
+                start_node(started, url, run, 3, 3, **beats)
             _wait_for_participants(url, run, 2)
             proxy.blackhole()
             heal.start()
-            started.append(Node(url, run, 3, 3, **beats).start())
+            start_node(started, url, run, 3, 3, **beats)
             assert _ranks(started) == [0, 1, 2]
     finally:
         heal.cancel()  # a no-op once it fired; harmless if it never started
@@ -430,7 +466,8 @@ def test_long_partition_fails_with_connection_error(
     url = backend.url(proxy.port, **backend.timeout_params("0.3", "1"))
     run = f"run{uuid.uuid4().hex[:8]}"
     with nodes() as started:
-        started += [Node(url, run, 3, 3).start() for _ in range(2)]
+        for _ in range(2):
+            start_node(started, url, run, 3, 3)
         _wait_for_participants(url, run, 2)
         proxy.blackhole()  # until every node gave up
         for node in started:
@@ -442,10 +479,10 @@ def test_long_partition_fails_with_connection_error(
 
 def test_garbage_written_while_nodes_wait(backend: Backend) -> None:
     url, run = backend.url(), f"run{uuid.uuid4().hex[:8]}"
-    store = open_store(url)
     key = f"rdzv/{run}/state"
-    with nodes() as started:
-        started += [Node(url, run, 3, 3).start() for _ in range(2)]  # the round needs 3
+    with _opened(url) as store, nodes() as started:
+        for _ in range(2):
+            start_node(started, url, run, 3, 3)  # the round needs 3
         end = time.monotonic() + NODE_JOIN_S
         data = store.get(key) if store.check([key]) else None
         while data is None or len(decode(data).participants) < 2:  # bounded by NODE_JOIN_S
@@ -459,26 +496,22 @@ def test_garbage_written_while_nodes_wait(backend: Backend) -> None:
             assert "delete the key" in str(node.error)
         assert store.get(key) == b"{not json"  # left as found, for inspection
         assert store.delete_key(key) is True
-        retry = [Node(url, run, 3, 3).start() for _ in range(3)]
-        started += retry
+        retry = [start_node(started, url, run, 3, 3) for _ in range(3)]
         assert _ranks(retry) == [0, 1, 2]
-    getattr(store, "close", lambda: None)()
 
 
 def test_garbage_in_the_rendezvous_key(backend: Backend) -> None:
     url, run = backend.url(), f"run{uuid.uuid4().hex[:8]}"
-    store = open_store(url)
     key = f"rdzv/{run}/state"
-    store.set(key, b"\x80\x04garbage that is not a state")
-    with nodes() as started:
-        started += [Node(url, run, 2, 2).start() for _ in range(2)]
+    with _opened(url) as store, nodes() as started:
+        store.set(key, b"\x80\x04garbage that is not a state")
+        for _ in range(2):
+            start_node(started, url, run, 2, 2)
         for node in started:
             node.join()
             assert isinstance(node.error, RendezvousStateError), node.error
             assert "delete the key" in str(node.error)
         # The documented recovery: delete the key once no node of the run is alive.
         assert store.delete_key(key) is True
-        retry = [Node(url, run, 2, 2).start() for _ in range(2)]
-        started += retry
+        retry = [start_node(started, url, run, 2, 2) for _ in range(2)]
         assert _ranks(retry) == [0, 1]
-    getattr(store, "close", lambda: None)()

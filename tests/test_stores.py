@@ -610,15 +610,19 @@ def test_sqlite_processes_opening_a_new_file_together_all_succeed(tmp_path: Path
         path = str(folder / "rdzv.db")
         start = time.time() + 1.5
         outs = [str(folder / f"out{i}") for i in range(5)]
-        procs = [ctx.Process(target=_open_at, args=(path, start, out)) for out in outs]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(60)
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(60)
+        procs: list[multiprocessing.process.BaseProcess] = []
+        try:
+            for out in outs:
+                proc = ctx.Process(target=_open_at, args=(path, start, out), daemon=True)
+                proc.start()
+                procs.append(proc)  # before the next one starts: the finally stops each
+            for p in procs:
+                p.join(60)  # bound: interpreter start-up on a loaded machine
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join(60)
         results = [Path(out).read_text() if Path(out).exists() else "no result" for out in outs]
         assert results == ["ok"] * len(outs), results
 

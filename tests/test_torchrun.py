@@ -252,6 +252,27 @@ def test_store_timeouts_are_torchs_dist_store_error() -> None:
         store.get("missing")
 
 
+@contextlib.contextmanager
+def _joined_threads() -> Iterator[Callable[..., threading.Thread]]:
+    """Yield ``start(target, *args)``, which starts a daemon thread. When the block ends,
+    also by an exception, every thread started is joined, all within one bound of
+    IN_PROCESS_WITHIN_S (each thread's own waits end within it)."""
+    threads: list[threading.Thread] = []
+
+    def start(target: Callable[..., object], *args: object) -> threading.Thread:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        thread.start()
+        threads.append(thread)  # before the next one starts
+        return thread
+
+    try:
+        yield start
+    finally:
+        deadline = time.monotonic() + IN_PROCESS_WITHIN_S
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
 def test_torchs_store_utilities_run_on_the_store() -> None:
     # The agent's exit barrier and data exchange, as torch runs them, on two threads.
     store = TorchStore(MemoryStore(timeout=timedelta(seconds=IN_PROCESS_WITHIN_S)))
@@ -263,12 +284,11 @@ def test_torchs_store_utilities_run_on_the_store() -> None:
         )
         torch_store_util.barrier(store, 2, "exit/", barrier_timeout=IN_PROCESS_WITHIN_S)
 
-    threads = [threading.Thread(target=agent, args=(rank,)) for rank in (0, 1)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(IN_PROCESS_WITHIN_S)
-    assert not any(thread.is_alive() for thread in threads)
+    with _joined_threads() as start:
+        threads = [start(agent, rank) for rank in (0, 1)]
+        for thread in threads:
+            thread.join(IN_PROCESS_WITHIN_S)
+        assert not any(thread.is_alive() for thread in threads)
     assert results == {0: [b"data0", b"data1"], 1: [b"data0", b"data1"]}
     assert store.timeout == timedelta(seconds=IN_PROCESS_WITHIN_S)  # restored
 
@@ -286,12 +306,11 @@ def _in_threads(calls: list[Callable[[], Any]]) -> list[Any]:
         except BaseException as exc:
             results[index] = exc
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(IN_PROCESS_WITHIN_S)
-    assert not any(thread.is_alive() for thread in threads), "a rendezvous thread hung"
+    with _joined_threads() as start:
+        threads = [start(run, i) for i in range(len(calls))]
+        for thread in threads:
+            thread.join(IN_PROCESS_WITHIN_S)
+        assert not any(thread.is_alive() for thread in threads), "a rendezvous thread hung"
     return results
 
 
@@ -359,7 +378,12 @@ def test_a_redundant_node_exits_when_the_job_closes(
     params = _torch_params(memory_url, "job", 1, 1, timeout=IN_PROCESS_WITHIN_S)
     params.config["exit_when_redundant"] = str(exit_when_redundant)
     member, surplus = (create_torchrun_handler(params) for _ in range(2))
-    try:
+    # On every path: the member shuts down (which ends the surplus node's wait), then the
+    # thread is joined, then the surplus node shuts down (it waits for that thread's lock).
+    with contextlib.ExitStack() as stack:
+        stack.callback(surplus.shutdown)
+        start = stack.enter_context(_joined_threads())
+        stack.callback(member.shutdown)
         info = member.next_rendezvous()
         assert (info.rank, info.world_size) == (0, 1)
         outcome: list[BaseException] = []
@@ -370,8 +394,7 @@ def test_a_redundant_node_exits_when_the_job_closes(
             except BaseException as exc:
                 outcome.append(exc)
 
-        thread = threading.Thread(target=join)
-        thread.start()
+        thread = start(join)
         store = open_store(memory_url)
         backend = StoreRendezvousBackend(store, "job")
         _wait_until(lambda: _redundant_count(backend) == 1, IN_PROCESS_WITHIN_S, "the surplus node")
@@ -384,9 +407,6 @@ def test_a_redundant_node_exits_when_the_job_closes(
             assert "redundant" in str(error)
         else:
             assert type(error) is torch_api.RendezvousGracefulExitError
-    finally:
-        member.shutdown()
-        surplus.shutdown()
 
 
 def test_a_closed_rendezvous_raises_torchs_closed_error(memory_url: str) -> None:
@@ -578,28 +598,28 @@ class Cluster:
         return "\n".join(agent.tail() for agent in self.agents)
 
     def stop_all(self) -> None:
-        for agent in self.agents:
-            self.progress(agent.name)  # learn every worker pid reported
-            agent.kill()
+        """Kill every agent and its workers, each even if killing another one raised."""
+        with contextlib.ExitStack() as kills:
+            for agent in self.agents:
+                kills.callback(agent.kill)
+                kills.callback(self.progress, agent.name)  # first: learn its worker pids
 
 
 @pytest.fixture
 def cluster_factory(tmp_path: Path) -> Iterator[Callable[[str], Cluster]]:
     _installed_entry_point()
     clusters: list[Cluster] = []
+    with contextlib.ExitStack() as stops:
 
-    def make(endpoint: str) -> Cluster:
-        folder = tmp_path / f"job{len(clusters)}"
-        folder.mkdir()
-        cluster = Cluster(folder, endpoint, f"job{len(clusters)}")
-        clusters.append(cluster)
-        return cluster
+        def make(endpoint: str) -> Cluster:
+            folder = tmp_path / f"job{len(clusters)}"
+            folder.mkdir()
+            cluster = Cluster(folder, endpoint, f"job{len(clusters)}")
+            clusters.append(cluster)
+            stops.callback(cluster.stop_all)
+            return cluster
 
-    try:
         yield make
-    finally:
-        for cluster in clusters:
-            cluster.stop_all()
 
 
 def _sqlite_url(tmp_path: Path) -> str:
