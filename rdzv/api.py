@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import socket
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -31,6 +32,7 @@ from rdzv.errors import (
 from rdzv.store import Store
 from rdzv.stores.url import redact
 from spec.settings import Settings
+from spec.state import NodeId
 
 __all__ = [
     "DEFAULT_CACHE_DURATION",
@@ -285,8 +287,10 @@ def free_port() -> int:
 class RendezvousInfo:
     """What ``next_rendezvous`` returns: this node's place in the completed round.
 
-    Built like torch's (store, rank, world_size, bootstrap_store_info); ``round`` is
-    an optional keyword giving the round number.
+    Built like torch's (store, rank, world_size, bootstrap_store_info); ``round`` (the
+    round number), ``participants`` and ``wait_list`` (the round's members and the nodes
+    waiting for the next round, as torch's reference module fills them) are optional
+    keywords.
     """
 
     def __init__(
@@ -297,12 +301,16 @@ class RendezvousInfo:
         bootstrap_store_info: RendezvousStoreInfo,
         *,
         round: int | None = None,
+        participants: Iterable[NodeId] | None = None,
+        wait_list: Iterable[NodeId] | None = None,
     ) -> None:
         self._store = store
         self._rank = rank
         self._world_size = world_size
         self._bootstrap_store_info = bootstrap_store_info
         self._round = round
+        self._participants = _sorted_nodes(participants, "participants")
+        self._wait_list = _sorted_nodes(wait_list, "wait_list")
 
     @property
     def store(self) -> Store:
@@ -325,11 +333,41 @@ class RendezvousInfo:
     def round(self) -> int | None:
         return self._round
 
+    @property
+    def participants(self) -> list[NodeId]:
+        """The round's members, sorted (rank ``i`` is the ``i``-th); a fresh list, empty
+        when not given."""
+        return list(self._participants)
+
+    @property
+    def wait_list(self) -> list[NodeId]:
+        """The nodes that waited for the next round when this round completed, sorted; a
+        fresh list, empty when not given."""
+        return list(self._wait_list)
+
     def __repr__(self) -> str:
         return (
             f"RendezvousInfo(rank={self._rank}, world_size={self._world_size}, "
             f"round={self._round}, bootstrap_store_info={self._bootstrap_store_info!r})"
         )
+
+
+def _sorted_nodes(nodes: Iterable[NodeId] | None, what: str) -> tuple[NodeId, ...]:
+    if nodes is None:
+        return ()
+    if isinstance(nodes, str | bytes):
+        raise TypeError(
+            f"RendezvousInfo {what} must be node ids (spec.state.NodeId), got the string "
+            f"{nodes!r}; pass a list of node ids"
+        )
+    listed = tuple(nodes)
+    wrong = [node for node in listed if not isinstance(node, NodeId)]
+    if wrong:
+        raise TypeError(
+            f"RendezvousInfo {what} must be node ids (spec.state.NodeId), got "
+            f"{wrong[0]!r} ({type(wrong[0]).__name__}); pass the nodes of the round's state"
+        )
+    return tuple(sorted(listed))
 
 
 def as_duration(

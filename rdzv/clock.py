@@ -28,6 +28,17 @@ FAKE_CANCEL_POLL = 0.005
 
 A ``threading.Event`` cannot notify the fake clock's condition when it is set, so a
 sleeper re-checks its cancel flag this often; fake time itself wakes sleepers at once."""
+FAKE_SLEEP_REAL_LIMIT_S = 60.0
+"""Real seconds a sleep on a FakeClock *without* a cancel flag may last before it raises
+:class:`FakeClockStalled`: such a sleeper (a writer backing off after a lost
+compare-and-set, say) can only be woken by :meth:`FakeClock.advance`, so a test that never
+advances the clock would otherwise hang for good. Sleeps with a cancel flag (heartbeat
+timers) are ended by their flag and have no such limit."""
+
+
+class FakeClockStalled(RuntimeError):
+    """A sleep on a :class:`FakeClock` waited longer in real time than its limit because
+    nobody advanced the clock."""
 
 
 def to_millis(seconds: float | timedelta) -> Millis:
@@ -103,11 +114,23 @@ class FakeClock:
     lost compare-and-set) stay asleep until a test advances it.
     """
 
-    def __init__(self, mono_start: float = 1000.0, wall_start: float = 1_700_000_000.0) -> None:
+    def __init__(
+        self,
+        mono_start: float = 1000.0,
+        wall_start: float = 1_700_000_000.0,
+        *,
+        real_sleep_limit: float = FAKE_SLEEP_REAL_LIMIT_S,
+    ) -> None:
+        if not real_sleep_limit >= 0:
+            raise ValueError(
+                f"real_sleep_limit is {real_sleep_limit!r}; pass a number of real seconds >= 0 "
+                f"(default {FAKE_SLEEP_REAL_LIMIT_S:g})"
+            )
         self._cond = threading.Condition()
         self._mono = float(mono_start)
         self._wall = float(wall_start)
         self._sleepers = 0
+        self._real_sleep_limit = float(real_sleep_limit)
 
     def monotonic(self) -> float:
         with self._cond:
@@ -144,16 +167,30 @@ class FakeClock:
             return self._cond.wait_for(lambda: self._sleepers >= count, timeout)
 
     def sleep(self, seconds: float, cancel: threading.Event | None = None) -> bool:
+        """Sleep until the fake time reaches ``now + seconds``; see :class:`Clock`.
+
+        Without ``cancel``, raises :class:`FakeClockStalled` once the sleep has lasted
+        ``real_sleep_limit`` real seconds (:data:`FAKE_SLEEP_REAL_LIMIT_S`) without the
+        fake time reaching its end."""
         with self._cond:
             until = self._mono + max(0.0, seconds)
+            real_end = time.monotonic() + self._real_sleep_limit
             self._sleepers += 1
             self._cond.notify_all()
             try:
                 while self._mono < until:
                     if cancel is not None and cancel.is_set():
                         return True
+                    if cancel is None and time.monotonic() >= real_end:
+                        raise FakeClockStalled(
+                            f"a sleep of {seconds:g} s on a FakeClock (now {self._mono:g}, "
+                            f"until {until:g}) waited {self._real_sleep_limit:g} real seconds "
+                            f"and nobody advanced this FakeClock; call clock.advance() from "
+                            f"the test (e.g. after clock.wait_for_sleepers(n)) or use a "
+                            f"SystemClock"
+                        )
                     # Fake time wakes us through notify_all; the timeout only bounds how
-                    # late we notice ``cancel``.
+                    # late we notice ``cancel`` or the real-time limit.
                     self._cond.wait(FAKE_CANCEL_POLL)
             finally:
                 self._sleepers -= 1

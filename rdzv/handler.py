@@ -31,7 +31,7 @@ import socket
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -122,9 +122,29 @@ BACKOFF_BASE = 0.0005
 BACKOFF_CAP = 0.032
 """Seconds: the backoff window doubles per consecutive lost race up to this."""
 HEARTBEAT_JOIN_SLACK = 1.0
-"""Seconds added to the heartbeat timeout when joining the heartbeat thread."""
+"""Seconds added to the heartbeat timeout when joining the heartbeat thread.
+
+The heartbeat timeout is checked between store calls, so one keep-alive can overrun it by
+the length of one store call (the store's own bound: on Redis up to its retries times
+``socket_timeout + socket_connect_timeout`` plus backoff, on SQLite ``busy_timeout_ms``
+per statement). A stop that gives up after this slack logs a warning and leaves the daemon
+thread to end after that call (it checks its stop flag before doing anything else)."""
 MIN_BOOTSTRAP_WAIT = 1.0
 """Seconds: non-zero ranks wait at least this long for rank 0's bootstrap info."""
+BOOTSTRAP_SLICE = 1.0
+"""Seconds: the longest single wait for rank 0's bootstrap info before the waiting member
+reads the state again to check that its round still stands (a round whose rank 0 died is
+ended by the survivors' keep-alives; waiting on would hang until the join deadline)."""
+MAX_BOOTSTRAP_SLICES = 1_000_000
+"""Safety net on bootstrap waits in one round; the join deadline ends them long before."""
+MAX_ROUND_ATTEMPTS = 64
+"""How many rounds one ``next_rendezvous`` joins at most: a round that ends before its
+rank 0 published the bootstrap info is left and the next one joined, within the same join
+deadline (which ends the attempts long before this bound)."""
+SHUTDOWN_DRAIN_TIMEOUT = 3.0
+"""Real seconds ``shutdown`` waits for a ``next_rendezvous`` running in another thread to
+notice the close (it re-checks within one wait slice) before closing the store the handler
+opened itself."""
 
 HANDLER_CONFIG_KEYS: tuple[str, ...] = (
     "cache_duration",
@@ -202,6 +222,11 @@ class IoStats:
     def copy(self) -> IoStats:
         return replace(self)
 
+    def __add__(self, other: IoStats) -> IoStats:
+        return IoStats(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        )
+
 
 @dataclass(frozen=True)
 class _Conflict:
@@ -223,7 +248,7 @@ class OperationFailed(Exception):
 class NodeDriver:
     """Carries out one node's machine requests on a backend with a clock.
 
-    Not thread-safe: the handler serializes its operations with a lock.
+    Not thread-safe: the handler runs each of its drivers under a lock of its own.
     """
 
     def __init__(
@@ -590,14 +615,45 @@ class _Heartbeat:
 
 
 class _HeartbeatSlot:
-    """Holds the current heartbeat; reachable from the GC finalizer without the handler."""
+    """Holds the current heartbeat; reachable from the GC finalizer without the handler.
+
+    Thread-safe: ``next_rendezvous`` starts heartbeats while ``shutdown`` may run in
+    another thread; once :meth:`shut` ran, :meth:`start` refuses, so no keep-alive
+    thread outlives a shutdown."""
 
     def __init__(self) -> None:
         self.current: _Heartbeat | None = None
+        self._shut = False
+        self._lock = threading.Lock()
+
+    @property
+    def is_shut(self) -> bool:
+        with self._lock:
+            return self._shut
+
+    def start(self, make: Callable[[], _Heartbeat]) -> bool:
+        """Start ``make()`` as the current heartbeat (stopping any previous one);
+        False, starting nothing, once shut."""
+        with self._lock:
+            if self._shut:
+                return False
+            old, self.current = self.current, make()
+            self.current.start()
+        if old is not None:
+            old.stop()  # not expected: callers stop the previous heartbeat first
+        return True
 
     def stop(self) -> bool:
-        heartbeat, self.current = self.current, None
+        """Stop the current heartbeat (bounded join); True if it is gone."""
+        with self._lock:
+            heartbeat, self.current = self.current, None
         return True if heartbeat is None else heartbeat.stop()
+
+    def shut(self) -> bool:
+        """Stop the current heartbeat and refuse every later start."""
+        with self._lock:
+            self._shut = True
+        return self.stop()
 
 
 def _spec_settings(settings: RendezvousSettings, cache_duration: float) -> Settings:
@@ -661,8 +717,11 @@ def _check_parts(store: object, backend: object, clock: object = None, rng: obje
 class DynamicRendezvousHandler(RendezvousHandler):
     """torch's dynamic rendezvous handler, driven by spec's node machine.
 
-    Build it with :meth:`from_backend` or :func:`create_handler`. Operations of one
-    handler never run concurrently (one lock); the heartbeat thread takes the same lock.
+    Build it with :meth:`from_backend` or :func:`create_handler`. The node has two
+    machine states, each with a lock of its own: one for exit, join and keep-alive (the
+    heartbeat thread takes its lock, so a keep-alive never overlaps a join), one for
+    queries and closes, which therefore never wait for a join in progress. They meet only
+    in the store, through compare-and-set.
     """
 
     @classmethod
@@ -760,8 +819,27 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._clock = clock
         self._config = Config(settings=self._spec_settings, variant=variant, decode=LastDecoded())
         self._driver = NodeDriver(node, self._config, backend, clock, rng, settings.run_id)
+        # Queries and closes run on a machine state of their own (own reads, tokens and
+        # decoder: LastDecoded is not thread-safe), so that they never wait for a join and
+        # never touch the join's view. Both write through compare-and-set: a write of one
+        # makes the other's token stale, and a stale token only loses a race and re-reads.
+        self._control = NodeDriver(
+            node, replace(self._config, decode=LastDecoded()), backend, clock, rng, settings.run_id
+        )
         self._lock = threading.Lock()
+        """Serializes the operations of ``_driver``: exit, join, keep-alive, and the
+        state checks of the bootstrap wait."""
+        self._control_lock = threading.Lock()
+        """Serializes the operations of ``_control`` (query, close) and guards the
+        shutdown fields below; never held while waiting for ``_lock``."""
+        self._rendezvous_lock = threading.Lock()
+        """Held for a whole ``next_rendezvous``: ``shutdown`` waits on it (bounded)
+        before it closes a store the handler opened itself."""
         self._heartbeats = _HeartbeatSlot()
+        self._owned_store: Store | None = None
+        """The store :func:`create_handler` opened for this handler; closed on shutdown."""
+        self._store_released = False
+        self._shutdown_result = False
         # Stop (and join) the heartbeat thread when this handler is garbage-collected.
         self._finalizer = weakref.finalize(self, self._heartbeats.stop)
 
@@ -783,54 +861,97 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return self._settings.run_id
 
     def next_rendezvous(self) -> RendezvousInfo:
-        """Leave the current round, join the next, and return this node's place in it."""
-        self._stop_heartbeats()
-        with self._lock:
+        """Leave the current round, join the next, and return this node's place in it.
+
+        A round that ends before its rank 0 published the bootstrap info (rank 0 died, or
+        the rendezvous was closed) is left and the next one joined, all within one join
+        deadline (at most :data:`MAX_ROUND_ATTEMPTS` rounds)."""
+        with self._rendezvous_lock:
+            if self._heartbeats.is_shut:
+                raise self._shut_down_error("was shut down")
+            self._stop_heartbeats()
             deadline = self._driver.deadline_after(self._spec_settings.join_timeout)
-            self._run(Op.EXIT, deadline)
-            self._run(Op.JOIN, deadline)
-            view = self._driver.local.view
-            rank = view.rank_of(self._node)
-            if not view.complete or rank is None:
-                raise RendezvousError(
-                    f"the join operation of node {self._node} finished in a state where it "
-                    f"is not a member of a complete round ({view.describe()}); this is a "
-                    f"bug in the protocol variant {self._variant.name!r}"
+            for _ in range(MAX_ROUND_ATTEMPTS):
+                with self._lock:
+                    self._run(Op.EXIT, deadline)
+                    self._run(Op.JOIN, deadline)
+                    view = self._driver.local.view
+                rank = view.rank_of(self._node)
+                if not view.complete or rank is None:
+                    raise RendezvousError(
+                        f"the join operation of node {self._node} finished in a state where "
+                        f"it is not a member of a complete round ({view.describe()}); this "
+                        f"is a bug in the protocol variant {self._variant.name!r}"
+                    )
+                round_ = view.round
+                leader = next((n for n, r in view.participants if r == 0), None)
+                if not self._start_heartbeats():
+                    raise self._shut_down_error(f"was shut down while it joined round {round_}")
+                store = PrefixStore(f"rdzv/{self._settings.run_id}/{round_}", self._store)
+                bootstrap = self._bootstrap(rank, store, deadline, round_, leader)
+                if bootstrap is not None:
+                    return RendezvousInfo(
+                        store,
+                        rank,
+                        view.num_participants,
+                        bootstrap,
+                        round=round_,
+                        participants=view.participant_nodes(),
+                        wait_list=view.wait_list,
+                    )
+                logger.warning(
+                    "round %d of run %r ended before its rank 0 (%s) published the bootstrap "
+                    "info; node %s leaves it and joins the next round",
+                    round_,
+                    self._settings.run_id,
+                    leader,
+                    self._node,
                 )
-            world_size = view.num_participants
-            round_ = view.round
-            leader = next((n for n, r in view.participants if r == 0), None)
-            self._start_heartbeats()
-        store = PrefixStore(f"rdzv/{self._settings.run_id}/{round_}", self._store)
-        bootstrap = self._bootstrap(rank, store, deadline, round_, leader)
-        return RendezvousInfo(store, rank, world_size, bootstrap, round=round_)
+                self._stop_heartbeats()
+            raise RendezvousTimeoutError(
+                f"node {self._node} joined {MAX_ROUND_ATTEMPTS} rounds of run "
+                f"{self._settings.run_id!r} in one next_rendezvous and each ended before its "
+                f"rank 0 published the bootstrap info; check why the nodes of this run die "
+                f"right after forming a round, then call next_rendezvous again"
+            )
 
     def is_closed(self) -> bool:
-        with self._lock:
-            self._run(Op.QUERY, self._driver.deadline_after(self._spec_settings.close_timeout))
-            return self._driver.local.view.closed
+        return self._control_op(Op.QUERY).closed
 
     def set_closed(self) -> None:
-        with self._lock:
-            self._close()
+        self._control_op(Op.CLOSE)
 
     def num_nodes_waiting(self) -> int:
-        with self._lock:
-            self._run(Op.QUERY, self._driver.deadline_after(self._spec_settings.close_timeout))
-            return len(self._driver.local.view.wait_list)
+        return len(self._control_op(Op.QUERY).wait_list)
 
     def shutdown(self) -> bool:
-        """Stop heartbeats and close the rendezvous; False if closing failed."""
-        self._stop_heartbeats()
+        """Stop the heartbeats for good, close the rendezvous, and close the store the
+        handler opened itself (:func:`create_handler` with params only); False if closing
+        the rendezvous failed.
+
+        Does not wait for a ``next_rendezvous`` running in another thread: that one sees
+        the close and raises :class:`~rdzv.errors.RendezvousClosedError`. Calling it again
+        is harmless."""
+        with self._control_lock:
+            if self._store_released:
+                return self._shutdown_result
+        if not self._heartbeats.shut():
+            logger.warning("the keep-alive thread of node %s did not stop in time", self._node)
+        closed = False
         try:
-            with self._lock:
-                self._close()
+            self._control_op(Op.CLOSE)
+            closed = True
         except RendezvousError as exc:
             logger.warning(
                 "shutdown of node %s could not close the rendezvous: %s", self._node, exc
             )
-            return False
-        return True
+        finally:
+            # Nothing starts a heartbeat after shut(); stopping again costs nothing.
+            self._stop_heartbeats()
+            with self._control_lock:
+                self._shutdown_result = closed
+            self._release_store()
+        return closed
 
     # -- extras ------------------------------------------------------------------------------
     @property
@@ -843,8 +964,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return self._variant
 
     @property
+    def clock(self) -> Clock:
+        """The clock this handler measures its timeouts on."""
+        return self._clock
+
+    @property
     def driver(self) -> NodeDriver:
-        """The interpreter of this node's machine (for tests and tools; not thread-safe)."""
+        """The interpreter of this node's machine for exit, join and keep-alive (for tests
+        and tools; not thread-safe). Queries and closes run on a second one of their own."""
         return self._driver
 
     @property
@@ -854,27 +981,55 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return None if current is None else current.thread
 
     def io_stats(self) -> IoStats:
-        """A copy of this node's store traffic counters (not synchronized: a snapshot
-        taken while an operation runs may be mid-update)."""
-        return self._driver.stats.copy()
+        """This node's store traffic counters, of all its operations (not synchronized: a
+        snapshot taken while an operation runs may be mid-update)."""
+        return self._driver.stats.copy() + self._control.stats.copy()
 
     # -- internals ---------------------------------------------------------------------------
-    def _run(self, op: Op, deadline: Millis) -> None:
-        self._driver.start(op, deadline)
+    def _run(self, op: Op, deadline: Millis, driver: NodeDriver | None = None) -> None:
+        driver = self._driver if driver is None else driver
+        driver.start(op, deadline)
         try:
-            self._driver.run()
+            driver.run()
         except OperationFailed as failed:
             raise _failure_error(
                 failed.fail, failed.cause, self._node, self._settings.run_id, self._state_key()
             ) from failed.cause
+
+    def _control_op(self, op: Op) -> RendezvousState:
+        """Run a query or a close on the control machine (never waits for a join) and
+        return its view."""
+        with self._control_lock:
+            driver = self._control
+            self._run(op, driver.deadline_after(self._spec_settings.close_timeout), driver)
+            return driver.local.view
 
     def _state_key(self) -> str:
         if isinstance(self._backend, StoreRendezvousBackend):
             return self._backend.key
         return self._config.key
 
-    def _close(self) -> None:
-        self._run(Op.CLOSE, self._driver.deadline_after(self._spec_settings.close_timeout))
+    def _shut_down_error(self, what: str) -> RendezvousClosedError:
+        return RendezvousClosedError(
+            f"the handler of node {self._node} (run {self._settings.run_id!r}) {what}: "
+            f"shutdown() closed the rendezvous; build a new handler to rendezvous again"
+        )
+
+    def _release_store(self) -> None:
+        """Close the store this handler opened itself (once)."""
+        with self._control_lock:
+            store, self._owned_store = self._owned_store, None
+            if store is None:
+                return
+            self._store_released = True
+        # A next_rendezvous in another thread sees the close within one wait slice and
+        # ends; let it end before its store goes away (bounded).
+        drained = self._rendezvous_lock.acquire(timeout=SHUTDOWN_DRAIN_TIMEOUT)
+        try:
+            _close_store(store)
+        finally:
+            if drained:
+                self._rendezvous_lock.release()
 
     def _keep_alive(self, stopping: threading.Event) -> None:
         with self._lock:
@@ -883,37 +1038,79 @@ class DynamicRendezvousHandler(RendezvousHandler):
             deadline = self._driver.deadline_after(self._spec_settings.heartbeat_timeout)
             self._run(Op.KEEP_ALIVE, deadline)
 
-    def _start_heartbeats(self) -> None:
-        self._heartbeats.stop()
-        heartbeat = _Heartbeat(
-            self,
-            self._settings.keep_alive_interval.total_seconds(),
-            self._clock,
-            self._settings.timeout.heartbeat.total_seconds() + HEARTBEAT_JOIN_SLACK,
-            name=f"rdzv-keep-alive-{self._node}",
+    def _start_heartbeats(self) -> bool:
+        """Start the keep-alive thread; False (and no thread) once the handler is shut down."""
+        return self._heartbeats.start(
+            lambda: _Heartbeat(
+                self,
+                self._settings.keep_alive_interval.total_seconds(),
+                self._clock,
+                self._settings.timeout.heartbeat.total_seconds() + HEARTBEAT_JOIN_SLACK,
+                name=f"rdzv-keep-alive-{self._node}",
+            )
         )
-        self._heartbeats.current = heartbeat
-        heartbeat.start()
 
     def _stop_heartbeats(self) -> None:
         if not self._heartbeats.stop():
             logger.warning("the keep-alive thread of node %s did not stop in time", self._node)
 
+    def _round_stands(self, round_: int, leader: NodeId | None) -> bool:
+        """Whether round ``round_`` is still the complete round this node joined, with
+        its rank 0 ``leader`` in it (a fresh read unless the cache is younger)."""
+        with self._lock:
+            self._run(Op.QUERY, self._driver.deadline_after(self._spec_settings.close_timeout))
+            view = self._driver.local.view
+        return (
+            view.round == round_
+            and view.complete
+            and not view.closed
+            and view.is_participant(self._node)
+            and (leader is None or view.is_participant(leader))
+        )
+
     def _bootstrap(
         self, rank: int, store: Store, deadline: Millis, round_: int, leader: NodeId | None
-    ) -> RendezvousStoreInfo:
+    ) -> RendezvousStoreInfo | None:
+        """Rank 0 publishes the bootstrap info, the others read it; None if the round
+        ended before rank 0 published it (the caller joins the next round).
+
+        Non-zero ranks wait in slices of :data:`BOOTSTRAP_SLICE` and read the state
+        between slices; they wait at most the rest of the join deadline, and at least
+        :data:`MIN_BOOTSTRAP_WAIT`."""
         remaining = to_seconds(deadline - now_of(self._clock).mono)
-        wait = timedelta(seconds=max(remaining, MIN_BOOTSTRAP_WAIT))
-        try:
-            return RendezvousStoreInfo.build(rank, store, self._node.addr, timeout=wait)
-        except RendezvousStateError:
-            raise
-        except (StoreTimeoutError, TimeoutError) as exc:
+        budget = max(remaining, MIN_BOOTSTRAP_WAIT)
+        if rank == 0:
+            info = self._exchange(rank, store, round_, budget)
+        else:
+            info = None
+            until = self._clock.monotonic() + budget
+            for _ in range(MAX_BOOTSTRAP_SLICES):
+                left = until - self._clock.monotonic()
+                if left <= 0:
+                    break
+                real = self._clock.max_real_wait(min(left, BOOTSTRAP_SLICE))
+                info = self._exchange(rank, store, round_, real)
+                if info is not None or not self._round_stands(round_, leader):
+                    return info
+        if info is None:
             raise RendezvousTimeoutError(
                 f"rank 0 ({leader}) of round {round_} did not publish the bootstrap info "
-                f"within {wait.total_seconds():g} s; it may have died: call next_rendezvous "
-                f"again to form a new round"
-            ) from exc
+                f"within {budget:g} s; it may have died: call next_rendezvous again to form "
+                f"a new round"
+            )
+        return info
+
+    def _exchange(
+        self, rank: int, store: Store, round_: int, wait: float
+    ) -> RendezvousStoreInfo | None:
+        """One attempt of the bootstrap exchange waiting ``wait`` real seconds; None if
+        rank 0's keys did not appear in that time."""
+        try:
+            return RendezvousStoreInfo.build(
+                rank, store, self._node.addr, timeout=timedelta(seconds=wait)
+            )
+        except (StoreTimeoutError, TimeoutError):
+            return None
         except RendezvousError:
             raise
         except Exception as exc:
@@ -922,6 +1119,17 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 f"through the store: {type(exc).__name__}: {exc}; check that the store is "
                 f"running and reachable"
             ) from exc
+
+
+def _close_store(store: Store) -> None:
+    """Close a store the handler opened; a failure is logged, never raised (shutdown)."""
+    close = getattr(store, "close", None)
+    if not callable(close):
+        return
+    try:
+        close()
+    except Exception as exc:
+        logger.warning("closing the store %r failed: %s: %s", store, type(exc).__name__, exc)
 
 
 def check_config_keys(
@@ -1054,23 +1262,35 @@ def create_handler(
             f"such as 'upstream'"
         )
     variant = get_variant(protocol)
-    if store is None or backend is None:
-        from rdzv.stores import open_store
 
-        store = open_store(params.endpoint)
-        backend = StoreRendezvousBackend(store, params.run_id)
-    return DynamicRendezvousHandler.from_backend(
-        params.run_id,
-        store,
-        backend,
-        params.min_nodes,
-        params.max_nodes,
-        params.local_addr,
-        timeout,
-        interval if interval is not None else DEFAULT_KEEP_ALIVE_INTERVAL,
-        attempts,
-        protocol=variant,
-        cache_duration=DEFAULT_CACHE_DURATION if cache is None else cache.total_seconds(),
-        clock=clock,
-        rng=rng,
-    )
+    def build(store: Any, backend: Any) -> DynamicRendezvousHandler:
+        return DynamicRendezvousHandler.from_backend(
+            params.run_id,
+            store,
+            backend,
+            params.min_nodes,
+            params.max_nodes,
+            params.local_addr,
+            timeout,
+            interval if interval is not None else DEFAULT_KEEP_ALIVE_INTERVAL,
+            attempts,
+            protocol=variant,
+            cache_duration=DEFAULT_CACHE_DURATION if cache is None else cache.total_seconds(),
+            clock=clock,
+            rng=rng,
+        )
+
+    if store is not None and backend is not None:
+        return build(store, backend)
+    from rdzv.stores import open_store
+
+    # The handler owns the store it opens: closed if building the handler fails (a bad
+    # setting found only now), else on its shutdown().
+    owned = open_store(params.endpoint)
+    try:
+        handler = build(owned, StoreRendezvousBackend(owned, params.run_id))
+    except BaseException:
+        _close_store(owned)
+        raise
+    handler._owned_store = owned
+    return handler

@@ -20,7 +20,8 @@ returns. ``wake_within`` bounds how long a blocking call may take to notice a wr
 by another thread or process (default 5 s; a correct store needs milliseconds). Timeout
 checks use a store timeout of ``SHORT_TIMEOUT`` (50 ms), so no check sleeps long.
 
-:class:`FakeClock` (from :mod:`rdzv.clock`) is re-exported for tests that drive time.
+:class:`FakeClock` (from :mod:`rdzv.clock`) is re-exported for tests that drive time, with
+:class:`FakeClockStalled`, what a sleep on it raises when nobody advances it.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
-from rdzv.clock import FakeClock
+from rdzv.clock import FakeClock, FakeClockStalled
 from rdzv.errors import StoreTimeoutError
 from rdzv.store import MAX_MEMBER_BYTES, SET_STORE_METHODS, PrefixStore, SetStore, Store
 from rdzv.stores import open_store
@@ -45,6 +46,7 @@ from rdzv.stores import open_store
 __all__ = [
     "SHORT_TIMEOUT",
     "FakeClock",
+    "FakeClockStalled",
     "check_store",
     "check_store_across_processes",
 ]

@@ -355,12 +355,14 @@ class TorchrunHandler:
         # The agent has stopped the previous round's workers before it asks for a new
         # round, so the previous round's agent store has no client left.
         self._stop_server()
+        # The agent-store exchange shares the join's deadline rather than starting afresh.
+        deadline = self._handler.clock.monotonic() + self._join_timeout.total_seconds()
         try:
             info = self._handler.next_rendezvous()
             addr = info.bootstrap_store_info.master_addr
             port = info.bootstrap_store_info.master_port
             if self._options.use_agent_store:
-                port = self._share_agent_store(info.rank, info.store, addr)
+                port = self._share_agent_store(info.rank, info.store, addr, deadline)
         except RendezvousGracefulExitError as exc:
             if not self._options.exit_when_redundant:
                 raise torch_error(exc) from exc
@@ -394,9 +396,10 @@ class TorchrunHandler:
             raise torch_error(exc) from exc
 
     def shutdown(self) -> bool:
-        closed = self._handler.shutdown()
-        self._stop_server()
-        return closed
+        try:
+            return self._handler.shutdown()
+        finally:
+            self._stop_server()
 
     # extras ----------------------------------------------------------------------------------
     @property
@@ -410,9 +413,11 @@ class TorchrunHandler:
         return None if self._server is None else int(self._server.port)
 
     # internals -------------------------------------------------------------------------------
-    def _share_agent_store(self, rank: int, round_store: Store, addr: str) -> int:
+    def _share_agent_store(self, rank: int, round_store: Store, addr: str, deadline: float) -> int:
         """Rank 0 starts a fresh TCPStore server and publishes its port in the round's
-        namespace; every member returns that port."""
+        namespace; every member returns that port. Non-zero ranks wait for it until the
+        join's ``deadline`` (the handler's clock), and at least
+        :data:`MIN_AGENT_STORE_WAIT`."""
         from torch._C._distributed_c10d import TCPStore
 
         server_port: int | None = None
@@ -420,7 +425,8 @@ class TorchrunHandler:
             # A fresh server per round: no key of a previous round's workers survives.
             self._server = TCPStore(host_name=addr, port=0, is_master=True, wait_for_workers=False)
             server_port = int(self._server.port)
-        wait = max(self._join_timeout, MIN_AGENT_STORE_WAIT)
+        remaining = timedelta(seconds=deadline - self._handler.clock.monotonic())
+        wait = max(remaining, MIN_AGENT_STORE_WAIT)
         shared = PrefixStore(AGENT_STORE_NAMESPACE, round_store)
         try:
             info = RendezvousStoreInfo.build(rank, shared, addr, server_port, timeout=wait)

@@ -31,6 +31,7 @@ from rdzv import (
     RendezvousInfo,
     RendezvousParameters,
     RendezvousStateError,
+    RendezvousStoreInfo,
     RendezvousTimeout,
     RendezvousTimeoutError,
     StoreRendezvousBackend,
@@ -42,7 +43,7 @@ from rdzv.store import PrefixStore, Store
 from rdzv.stores import MemoryStore, open_store
 from spec.codec import decode, encode
 from spec.machine import Fail
-from spec.state import RendezvousState
+from spec.state import NodeId, RendezvousState
 from spec.vocabulary import FailKind, Op
 
 THREAD_JOIN = 60.0
@@ -92,6 +93,20 @@ def shut(handlers: list[DynamicRendezvousHandler]) -> Iterator[list[DynamicRende
     finally:
         for h in handlers:
             h.shutdown()
+        for h in handlers:
+            thread = h.heartbeat_thread
+            assert thread is None or not thread.is_alive()
+
+
+@contextlib.contextmanager
+def stopping(*handlers: DynamicRendezvousHandler) -> Iterator[None]:
+    """On the way out, whatever happened: shut every handler's keep-alive thread down for
+    good (without closing the rendezvous: that needs a store a test may have broken)."""
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h._heartbeats.shut()
         for h in handlers:
             thread = h.heartbeat_thread
             assert thread is None or not thread.is_alive()
@@ -214,6 +229,23 @@ def test_close_is_seen_by_everybody_and_is_idempotent(tmp_path: Path) -> None:
         assert a.shutdown() is True
 
 
+def test_the_info_carries_sorted_participants_and_wait_list() -> None:
+    store = MemoryStore()
+    boot = RendezvousStoreInfo("host", 1234)
+    x, y, z = NodeId("b", 1, 0), NodeId("a", 2, 0), NodeId("a", 1, 5)
+    info = RendezvousInfo(store, 0, 2, boot, round=3, participants=[x, y], wait_list=(z, x))
+    assert info.participants == [y, x]
+    assert info.wait_list == [z, x]
+    info.participants.append(z)  # a fresh list each time
+    assert info.participants == [y, x]
+    bare = RendezvousInfo(store, 0, 1, boot)
+    assert bare.participants == [] and bare.wait_list == [] and bare.round is None
+    with pytest.raises(TypeError, match="participants must be node ids"):
+        RendezvousInfo(store, 0, 1, boot, participants="host_1_0")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"wait_list must be node ids.*'x'"):
+        RendezvousInfo(store, 0, 1, boot, wait_list=[x, "x"])  # type: ignore[list-item]
+
+
 # -- timeouts, with a fake clock ---------------------------------------------------------------
 def fake_clock_handler(
     store: Store, clock: FakeClock, min_nodes: int = 1, max_nodes: int = 1, **kw: Any
@@ -238,21 +270,26 @@ def test_join_times_out_on_the_fake_clock_without_sleeping() -> None:
     # Heartbeats far apart, so that the jump of the fake clock expires nobody.
     handler = fake_clock_handler(store, clock, 2, 2, keep_alive_interval=1000)
     outcome = run_all_async([handler.next_rendezvous])
-    # The node joined and now waits; nothing progresses until the fake time moves.
-    for _ in range(200):
-        if stored_state_or_none(store) is not None:
-            break
-        store.wait_for_change("rdzv/job/state", None, timedelta(seconds=0.05))
-    assert stored_state(store).participant_nodes() == (handler.node,)
-    joined = store.get("rdzv/job/state")
-    clock.advance(600.001)  # past the join deadline: the node withdraws within the window
-    assert store.wait_for_change("rdzv/job/state", joined, timedelta(seconds=10))
-    assert stored_state(store).participants == ()
-    clock.advance(5.0)  # past the rollback window: it gives up
-    (error,) = outcome()
+    try:
+        # The node joined and now waits; nothing progresses until the fake time moves.
+        for _ in range(200):
+            if stored_state_or_none(store) is not None:
+                break
+            store.wait_for_change("rdzv/job/state", None, timedelta(seconds=0.05))
+        assert stored_state(store).participant_nodes() == (handler.node,)
+        joined = store.get("rdzv/job/state")
+        clock.advance(600.001)  # past the join deadline: the node withdraws within the window
+        assert store.wait_for_change("rdzv/job/state", joined, timedelta(seconds=10))
+        assert stored_state(store).participants == ()
+        clock.advance(5.0)  # past the rollback window: it gives up
+        (error,) = outcome()
+    finally:
+        # On any path the join ends (timed out, or told by the close) and its thread is
+        # joined; outcome() may run twice.
+        handler.shutdown()
+        outcome()
     assert isinstance(error, RendezvousTimeoutError)
     assert "deadline" in str(error) and "min_nodes" in str(error)
-    handler.shutdown()
 
 
 def stored_state_or_none(store: Store) -> RendezvousState | None:
@@ -277,20 +314,21 @@ def test_heartbeat_thread_starts_beats_and_stops_on_shutdown() -> None:
     clock = FakeClock()
     store = MemoryStore()
     handler = fake_clock_handler(store, clock, keep_alive_interval=5)
-    assert handler.heartbeat_thread is None
-    handler.next_rendezvous()
-    thread = handler.heartbeat_thread
-    assert thread is not None and thread.is_alive() and thread.daemon
-    beat0 = stored_state(store).heartbeat_of(handler.node)
-    assert clock.wait_for_sleepers(1)
-    before = store.get("rdzv/job/state")
-    clock.advance(5.0)
-    assert store.wait_for_change("rdzv/job/state", before, timedelta(seconds=10))
-    beat1 = stored_state(store).heartbeat_of(handler.node)
-    assert beat0 is not None and beat1 == beat0 + 5000
-    assert handler.shutdown() is True
-    assert not thread.is_alive()
-    assert handler.heartbeat_thread is None
+    with stopping(handler):
+        assert handler.heartbeat_thread is None
+        handler.next_rendezvous()
+        thread = handler.heartbeat_thread
+        assert thread is not None and thread.is_alive() and thread.daemon
+        beat0 = stored_state(store).heartbeat_of(handler.node)
+        assert clock.wait_for_sleepers(1)
+        before = store.get("rdzv/job/state")
+        clock.advance(5.0)
+        assert store.wait_for_change("rdzv/job/state", before, timedelta(seconds=10))
+        beat1 = stored_state(store).heartbeat_of(handler.node)
+        assert beat0 is not None and beat1 == beat0 + 5000
+        assert handler.shutdown() is True
+        assert not thread.is_alive()
+        assert handler.heartbeat_thread is None
 
 
 def test_heartbeat_thread_stops_when_the_handler_is_garbage_collected() -> None:
@@ -314,25 +352,26 @@ def test_heartbeat_failure_is_logged_and_the_thread_survives(
     clock = FakeClock()
     store = MemoryStore()
     handler = fake_clock_handler(store, clock, keep_alive_interval=5)
-    handler.next_rendezvous()
-    thread = handler.heartbeat_thread
-    assert thread is not None
-    assert clock.wait_for_sleepers(1)
-    store.set("rdzv/job/state", b"garbage")
-    with caplog.at_level(logging.WARNING, logger="rdzv.handler"):
-        clock.advance(5.0)
-        # The thread logs, then sleeps again: wait for that (bounded, real time).
-        for _ in range(2000):
-            if any("keep-alive" in r.getMessage() for r in caplog.records):
-                break
-            time.sleep(0.005)
-    assert any(
-        "keep-alive" in r.getMessage() and "corrupt" in r.getMessage() for r in caplog.records
-    )
-    assert thread.is_alive()
-    assert store.get("rdzv/job/state") == b"garbage", "a failed heartbeat must not write"
-    assert handler.shutdown() is False  # closing fails on the corrupt state, reported as False
-    assert not thread.is_alive()
+    with stopping(handler):
+        handler.next_rendezvous()
+        thread = handler.heartbeat_thread
+        assert thread is not None
+        assert clock.wait_for_sleepers(1)
+        store.set("rdzv/job/state", b"garbage")
+        with caplog.at_level(logging.WARNING, logger="rdzv.handler"):
+            clock.advance(5.0)
+            # The thread logs, then sleeps again: wait for that (bounded, real time).
+            for _ in range(2000):
+                if any("keep-alive" in r.getMessage() for r in caplog.records):
+                    break
+                time.sleep(0.005)
+        assert any(
+            "keep-alive" in r.getMessage() and "corrupt" in r.getMessage() for r in caplog.records
+        )
+        assert thread.is_alive()
+        assert store.get("rdzv/job/state") == b"garbage", "a failed heartbeat must not write"
+        assert handler.shutdown() is False  # closing fails on the corrupt state: False
+        assert not thread.is_alive()
 
 
 class _Overlap(RendezvousBackend):
@@ -380,22 +419,30 @@ class _Overlap(RendezvousBackend):
             return self.inner.wait_for_change(token, timeout)
 
 
-def test_heartbeats_never_run_concurrently_with_other_operations() -> None:
+def test_queries_run_beside_the_heartbeats_on_a_machine_of_their_own() -> None:
+    # Queries never wait for the keep-alive (or a join): they run on the handler's second
+    # machine state, so the heartbeat keeps beating and the join's view is left alone.
     store = MemoryStore()
     backend = _Overlap(StoreRendezvousBackend(store, "job"))
     handler = DynamicRendezvousHandler.from_backend(
         "job", store, backend, 1, 1, keep_alive_interval=0.01, cache_duration=0
     )
-    handler.next_rendezvous()
-    for _ in range(10_000):  # bounded; ends once the heartbeat thread ran a few times
-        if backend.heartbeat_calls >= 5:
-            break
-        handler.num_nodes_waiting()
-        handler.is_closed()
-    assert backend.heartbeat_calls >= 5, "the heartbeat thread never ran"
-    assert backend.calls > backend.heartbeat_calls
-    assert backend.max_active == 1
-    handler.shutdown()
+    with stopping(handler):
+        handler.next_rendezvous()
+        beat0 = stored_state(store).heartbeat_of(handler.node)
+        assert beat0 is not None
+        for _ in range(10_000):  # bounded; ends once the heartbeat thread ran a few times
+            if backend.heartbeat_calls >= 5:
+                break
+            assert handler.num_nodes_waiting() == 0
+            assert handler.is_closed() is False
+        assert backend.heartbeat_calls >= 5, "the heartbeat thread never ran"
+        assert backend.calls > backend.heartbeat_calls
+        # Only exit, join and keep-alive ever ran on the join's machine.
+        assert handler.driver.local.op in (Op.JOIN, Op.KEEP_ALIVE)
+        beat = stored_state(store).heartbeat_of(handler.node)
+        assert beat is not None and beat > beat0
+        assert handler.shutdown() is True
 
 
 # -- bad inputs -------------------------------------------------------------------------------
@@ -408,14 +455,15 @@ def test_corrupt_state_gives_a_state_error_and_is_left_alone(garbage: bytes) -> 
     store = MemoryStore()
     store.set("rdzv/job/state", garbage)
     handler = fake_clock_handler(store, FakeClock())
-    with pytest.raises(RendezvousStateError) as info:
-        handler.next_rendezvous()
-    message = str(info.value)
-    assert "corrupt" in message and "rdzv/job/state" in message and "run id" in message
-    assert store.get("rdzv/job/state") == garbage
-    with pytest.raises(RendezvousStateError):
-        handler.num_nodes_waiting()
-    assert handler.shutdown() is False
+    with stopping(handler):
+        with pytest.raises(RendezvousStateError) as info:
+            handler.next_rendezvous()
+        message = str(info.value)
+        assert "corrupt" in message and "rdzv/job/state" in message and "run id" in message
+        assert store.get("rdzv/job/state") == garbage
+        with pytest.raises(RendezvousStateError):
+            handler.num_nodes_waiting()
+        assert handler.shutdown() is False
 
 
 def test_unreachable_store_gives_a_connection_error(tmp_path: Path) -> None:
@@ -426,10 +474,12 @@ def test_unreachable_store_gives_a_connection_error(tmp_path: Path) -> None:
     except RendezvousConnectionError as exc:  # a store may refuse at open time
         assert "missing-dir" in str(exc)
         return
-    with pytest.raises(RendezvousConnectionError) as info:
-        handler.next_rendezvous()
-    assert "missing-dir" in str(info.value) and "reachable" in str(info.value)
-    assert handler.shutdown() is False
+    try:
+        with pytest.raises(RendezvousConnectionError) as info:
+            handler.next_rendezvous()
+        assert "missing-dir" in str(info.value) and "reachable" in str(info.value)
+    finally:
+        assert handler.shutdown() is False
 
 
 def test_locked_store_gives_a_connection_error_and_recovers(tmp_path: Path) -> None:
@@ -437,19 +487,20 @@ def test_locked_store_gives_a_connection_error_and_recovers(tmp_path: Path) -> N
     handler = create_handler(
         RendezvousParameters("rdzv", f"sqlite://{path}?busy_timeout_ms=50", "job", 1, 1)
     )
-    holder = sqlite3.connect(str(path), isolation_level=None)
-    holder.execute("PRAGMA journal_mode = WAL")
-    holder.execute("CREATE TABLE IF NOT EXISTS rdzv_kv (key TEXT PRIMARY KEY, value BLOB)")
-    holder.execute("BEGIN IMMEDIATE")
-    try:
-        with pytest.raises(RendezvousConnectionError, match="locked"):
-            handler.next_rendezvous()
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
-    info = handler.next_rendezvous()
-    assert (info.rank, info.world_size) == (0, 1)
-    assert handler.shutdown() is True
+    with shut([handler]):
+        holder = sqlite3.connect(str(path), isolation_level=None)
+        holder.execute("PRAGMA journal_mode = WAL")
+        holder.execute("CREATE TABLE IF NOT EXISTS rdzv_kv (key TEXT PRIMARY KEY, value BLOB)")
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(RendezvousConnectionError, match="locked"):
+                handler.next_rendezvous()
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        info = handler.next_rendezvous()
+        assert (info.rank, info.world_size) == (0, 1)
+        assert handler.shutdown() is True
 
 
 class _Unreachable(StoreRendezvousBackend):
@@ -462,7 +513,7 @@ class _Unreachable(StoreRendezvousBackend):
 def test_store_exceptions_become_connection_errors_with_the_cause() -> None:
     store = MemoryStore()
     handler = DynamicRendezvousHandler.from_backend("job", store, _Unreachable(store, "job"), 1, 1)
-    with pytest.raises(RendezvousConnectionError) as info:
+    with stopping(handler), pytest.raises(RendezvousConnectionError) as info:
         handler.next_rendezvous()
     assert "connection refused" in str(info.value)
     assert isinstance(info.value.__cause__, OSError)
@@ -497,10 +548,11 @@ def test_a_written_state_round_trips_through_the_codec() -> None:
     # The handler writes spec's canonical bytes, nothing of its own.
     store = MemoryStore()
     handler = fake_clock_handler(store, FakeClock())
-    handler.next_rendezvous()
-    raw = store.get("rdzv/job/state")
-    assert encode(decode(raw)) == raw
-    assert handler.shutdown() is True
+    with stopping(handler):
+        handler.next_rendezvous()
+        raw = store.get("rdzv/job/state")
+        assert encode(decode(raw)) == raw
+        assert handler.shutdown() is True
 
 
 # -- backoff after lost writes -------------------------------------------------------------------
@@ -557,25 +609,26 @@ def test_a_dead_member_of_a_complete_round_is_reported_only_by_hardened(
         fake_clock_handler(store, clock, 2, 2, keep_alive_interval=5, protocol=protocol)
         for _ in range(2)
     )
-    infos = run_all([a.next_rendezvous, b.next_rendezvous])
-    assert sorted(i.rank for i in infos) == [0, 1]
-    b._stop_heartbeats()  # b dies silently: no more heartbeats, no exit
-    # Let a's heartbeat thread beat four times (20 s): b's last beat (t=0) expires at 15 s.
-    for _ in range(4):
-        assert clock.wait_for_sleepers(1)
-        before = store.get("rdzv/job/state")
-        clock.advance(5.0)
-        assert store.wait_for_change("rdzv/job/state", before, timedelta(seconds=10))
-    state = stored_state(store)
-    assert b.node not in state.participant_nodes()
-    # torch's agent polls this and re-rendezvouses only when it is > 0.
-    assert a.num_nodes_waiting() == reported
-    if protocol == "hardened":
-        assert state.round == 1 and not state.complete and state.wait_list == (a.node,)
-    else:
-        assert state.round == 0 and state.complete and state.participant_nodes() == (a.node,)
-    a.shutdown()
-    b.shutdown()
+    with stopping(a, b):
+        infos = run_all([a.next_rendezvous, b.next_rendezvous])
+        assert sorted(i.rank for i in infos) == [0, 1]
+        b._stop_heartbeats()  # b dies silently: no more heartbeats, no exit
+        # Let a's heartbeat thread beat four times (20 s): b's last beat (t=0) expires at 15 s.
+        for _ in range(4):
+            assert clock.wait_for_sleepers(1)
+            before = store.get("rdzv/job/state")
+            clock.advance(5.0)
+            assert store.wait_for_change("rdzv/job/state", before, timedelta(seconds=10))
+        state = stored_state(store)
+        assert b.node not in state.participant_nodes()
+        # torch's agent polls this and re-rendezvouses only when it is > 0.
+        assert a.num_nodes_waiting() == reported
+        if protocol == "hardened":
+            assert state.round == 1 and not state.complete and state.wait_list == (a.node,)
+        else:
+            assert state.round == 0 and state.complete and state.participant_nodes() == (a.node,)
+        assert a.shutdown() is True
+        assert b.shutdown() is True
 
 
 # -- clock skew (model checker finding 1) ------------------------------------------------------
@@ -586,23 +639,26 @@ def test_wall_clock_skew_evicts_a_live_node_only_under_upstream(protocol: str) -
     fast.skew_wall(100.0)  # b's wall clock runs 100 s ahead; the expiry is 15 s
     a = fake_clock_handler(store, slow, 2, 2, keep_alive_interval=5, protocol=protocol)
     b = fake_clock_handler(store, fast, 2, 2, keep_alive_interval=5, protocol=protocol)
-    first = run_all_async([a.next_rendezvous])
-    for _ in range(200):  # a has joined and waits for a second node
-        if stored_state_or_none(store) is not None:
-            break
-        store.wait_for_change("rdzv/job/state", None, timedelta(seconds=0.05))
-    assert stored_state(store).participant_nodes() == (a.node,)
-    (info_b,) = run_all([b.next_rendezvous])
-    (info_a,) = first()
-    assert not isinstance(info_a, BaseException) and not isinstance(info_b, BaseException)
-    if protocol == "upstream":
-        # b judged a's fresh heartbeat 100 s old and pruned it from the round it returned:
-        # the two members disagree about the world they are in.
-        assert (info_a.world_size, info_b.world_size) == (2, 1)
-    else:
-        assert (info_a.world_size, info_b.world_size) == (2, 2)
-        assert sorted((info_a.rank, info_b.rank)) == [0, 1]
     # Stop the heartbeat threads without closing: a close could lose a write race and
     # then back off on a fake clock that this test never advances.
-    a._stop_heartbeats()
-    b._stop_heartbeats()
+    with stopping(a, b):
+        first = run_all_async([a.next_rendezvous])
+        try:
+            for _ in range(200):  # a has joined and waits for a second node
+                if stored_state_or_none(store) is not None:
+                    break
+                store.wait_for_change("rdzv/job/state", None, timedelta(seconds=0.05))
+            assert stored_state(store).participant_nodes() == (a.node,)
+            (info_b,) = run_all([b.next_rendezvous])
+        finally:
+            if b.driver.local.view.rank_of(b.node) is None:
+                a.set_closed()  # b never joined: end a's wait (it raises RendezvousClosedError)
+            (info_a,) = first()
+        assert not isinstance(info_a, BaseException) and not isinstance(info_b, BaseException)
+        if protocol == "upstream":
+            # b judged a's fresh heartbeat 100 s old and pruned it from the round it
+            # returned: the two members disagree about the world they are in.
+            assert (info_a.world_size, info_b.world_size) == (2, 1)
+        else:
+            assert (info_a.world_size, info_b.world_size) == (2, 2)
+            assert sorted((info_a.rank, info_b.rank)) == [0, 1]
