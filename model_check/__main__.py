@@ -34,6 +34,8 @@ from model_check.explore import (
 )
 from model_check.model import (
     CALLS_END,
+    LIVELOCK,
+    MODEL_PROPERTIES,
     Faults,
     ModelConfig,
     Move,
@@ -96,20 +98,6 @@ MODEL_FLAGS = ("duplicate_identity", "late_starts", "cas_ignores_token")
 REPLAY_OPTIONS = frozenset({"replay", "json", "quiet"})
 """What may accompany --replay: the trace carries every other setting."""
 
-MODEL_PROPERTIES = (
-    "complete_round_not_empty",
-    "return_is_member",
-    "world_size_in_range",
-    "rank_in_range",
-    "world_size_agreement",
-    "ranks_distinct",
-    "live_node_evicted",
-    "quorum_never_completes",
-    "dead_member_unreported",
-    CALLS_END,
-    "livelock",
-)
-"""Properties the checker itself reports (besides the spec's invariants)."""
 PROPERTIES = frozenset(
     {inv.name for inv in spec.STATE_INVARIANTS}
     | {inv.name for inv in spec.STEP_INVARIANTS}
@@ -546,14 +534,14 @@ def _replay_main(path_text: str, as_json: bool) -> int:
             explanation.append("from here no continuation without faults reaches a world where")
             explanation.append("every call ended as specified: " + "; ".join(problems))
             got.append(CALLS_END)
-    if expected == "livelock":
+    if expected == LIVELOCK:
         cycle = on_timeless_cycle(world, cfg)
         if cycle is not None:
             explanation.append(
                 f"from here these {len(cycle)} moves return to an equivalent world without"
             )
             explanation.append("time advancing: " + ", ".join(map(str, cycle)))
-            got.append("livelock")
+            got.append(LIVELOCK)
     reproduced = expected in got
     where = f"move {len(steps)} of {len(moves)}"
     if reproduced:
@@ -704,7 +692,7 @@ def _main(args: list[str]) -> int:
             print(f"counterexample ({len(result.path)} moves):")
             for line in lines:
                 print(line)
-            if result.violation.name == "livelock":
+            if result.violation.name == LIVELOCK:
                 world = steps[-1][1].world if steps else initial_world(cfg)
                 cycle = on_timeless_cycle(world, cfg) or []
                 print("cycle (no tick): " + ", ".join(map(str, cycle)))

@@ -25,6 +25,7 @@ from model_check.model import (
     CALLS_END,
     ENDED_WRONGLY,
     FAULT_KINDS,
+    LIVELOCK,
     ModelConfig,
     Move,
     Outcome,
@@ -165,7 +166,7 @@ def explore(
         entry = _cycle_entry(timeless)
         if entry is not None:
             v = Violation(
-                "livelock",
+                LIVELOCK,
                 "a cycle of moves that never advances time is reachable: the processes "
                 "keep working (e.g. conflicting writes) without anybody progressing; the "
                 "counterexample leads to a world on the cycle",

@@ -279,6 +279,36 @@ class Move:
         return self.kind if self.slot < 0 else f"{self.kind}({self.slot})"
 
 
+# Properties the checker itself reports (besides the spec's invariants, which keep their
+# own names): every violate()/Violation() names one of these constants.
+COMPLETE_ROUND_NOT_EMPTY = "complete_round_not_empty"
+RETURN_IS_MEMBER = "return_is_member"
+WORLD_SIZE_IN_RANGE = "world_size_in_range"
+RANK_IN_RANGE = "rank_in_range"
+WORLD_SIZE_AGREEMENT = "world_size_agreement"
+RANKS_DISTINCT = "ranks_distinct"
+LIVE_NODE_EVICTED = "live_node_evicted"
+QUORUM_NEVER_COMPLETES = "quorum_never_completes"
+DEAD_MEMBER_UNREPORTED = "dead_member_unreported"
+CALLS_END = "calls_end_as_specified"
+LIVELOCK = "livelock"
+MODEL_PROPERTIES = (
+    COMPLETE_ROUND_NOT_EMPTY,
+    RETURN_IS_MEMBER,
+    WORLD_SIZE_IN_RANGE,
+    RANK_IN_RANGE,
+    WORLD_SIZE_AGREEMENT,
+    RANKS_DISTINCT,
+    LIVE_NODE_EVICTED,
+    QUORUM_NEVER_COMPLETES,
+    DEAD_MEMBER_UNREPORTED,
+    CALLS_END,
+    LIVELOCK,
+)
+"""Every property the checker itself reports, the one list a trace's violation name is
+checked against (with the spec's invariants)."""
+
+
 @dataclass(frozen=True)
 class Violation:
     name: str
@@ -725,7 +755,7 @@ class _Run:
             self.violate(name, message)
         if after.complete and not after.closed and after.num_participants == 0:
             self.violate(
-                "complete_round_not_empty",
+                COMPLETE_ROUND_NOT_EMPTY,
                 f"round {after.round} is complete with no participants: no node can finish, "
                 "join or advance it (the round epilogue did not run)",
             )
@@ -862,7 +892,7 @@ class _Run:
         for other in self.procs:
             if other.ident in pruned and other.pc in LIVE_PCS and other.beating:
                 self.violate(
-                    "live_node_evicted",
+                    LIVE_NODE_EVICTED,
                     f"{p.ident} pruned {other.ident} as dead, but it is alive "
                     f"({other.pc.name.lower()}) and keeping its heartbeat",
                 )
@@ -892,7 +922,7 @@ class _Run:
             >= stored.deadline - self.cfg.last_call_ticks * t
         ):
             self.violate(
-                "quorum_never_completes",
+                QUORUM_NEVER_COMPLETES,
                 f"{p.ident} joined round {stored.round} during its last call and hit its "
                 f"join deadline before the last call ended, with "
                 f"{stored.num_participants} >= min_nodes ({self.cfg.min_nodes}) "
@@ -908,7 +938,7 @@ class _Run:
         self.note(f"{p.ident}: next_rendezvous returned round={rnd} rank={rank} world_size={w}")
         if rank is None or not view.complete:
             self.violate(
-                "return_is_member",
+                RETURN_IS_MEMBER,
                 f"{p.ident} returned for round {rnd} without being a member of a complete round",
             )
             return
@@ -917,16 +947,16 @@ class _Run:
         settings = self.cfg.settings
         if not settings.min_nodes <= w <= settings.max_nodes:
             self.violate(
-                "world_size_in_range",
+                WORLD_SIZE_IN_RANGE,
                 f"{p.ident} returned world_size={w} outside "
                 f"[{settings.min_nodes}, {settings.max_nodes}]",
             )
         if not 0 <= rank < w:
-            self.violate("rank_in_range", f"{p.ident} returned rank {rank} not in 0..{w - 1}")
+            self.violate(RANK_IN_RANGE, f"{p.ident} returned rank {rank} not in 0..{w - 1}")
         stored = store_state(self.world())
         if stored.round == rnd and stored.complete and not stored.is_participant(p.ident):
             self.violate(
-                "return_is_member",
+                RETURN_IS_MEMBER,
                 f"{p.ident} returned for round {rnd} but the store does not list it",
             )
         for i, q in enumerate(self.procs):
@@ -934,13 +964,13 @@ class _Run:
                 continue
             if q.returned.world_size != w:
                 self.violate(
-                    "world_size_agreement",
+                    WORLD_SIZE_AGREEMENT,
                     f"round {rnd}: {p.ident} got world_size={w} but {q.ident} got "
                     f"{q.returned.world_size}",
                 )
             if q.returned.rank == rank:
                 self.violate(
-                    "ranks_distinct",
+                    RANKS_DISTINCT,
                     f"round {rnd}: {p.ident} and {q.ident} (process {i}) both got rank {rank}",
                 )
 
@@ -959,7 +989,7 @@ class _Run:
                 and not any(r.ident == q.ident and r.pc is not Pc.CRASHED for r in self.procs)
             ):
                 self.violate(
-                    "dead_member_unreported",
+                    DEAD_MEMBER_UNREPORTED,
                     f"member {q.ident} of round {mine.round} crashed and was dropped, yet "
                     f"{p.ident} polls num_nodes_waiting=0: the survivors keep a "
                     f"{view.num_participants}-node round of world_size {mine.world_size} "
@@ -994,7 +1024,6 @@ CLOSED_OUTCOMES = frozenset(
 FAULT_ERRORS = (f"raised {FailKind.CONNECTION.value}", f"raised {FailKind.CORRUPT_STATE.value}")
 """How an operation ends when an injected fault hits it (acceptable once a fault happened)."""
 
-CALLS_END = "calls_end_as_specified"
 ENDED_WRONGLY = "ended wrongly: "
 """Prefix of a problem that no later move can undo (an ended process stays ended)."""
 

@@ -135,14 +135,19 @@ def _run_processes(jobs: list[Job], seed: int) -> list[dict[str, Any]]:
     try:
         for job in jobs:
             reader, writer = ctx.Pipe(duplex=False)
-            proc = ctx.Process(
-                target=_walk_in_child,
-                args=(job, writer),
-                name=f"model_check walk {job[2]}",
-                daemon=True,
-            )
-            proc.start()
-            writer.close()  # the child holds the only writing end: its exit means EOF
+            try:
+                proc = ctx.Process(
+                    target=_walk_in_child,
+                    args=(job, writer),
+                    name=f"model_check walk {job[2]}",
+                    daemon=True,
+                )
+                proc.start()
+            except BaseException:
+                reader.close()
+                raise
+            finally:
+                writer.close()  # the child holds the only writing end: its exit means EOF
             procs.append(proc)
             readers.append(reader)
         results: dict[int, dict[str, Any] | None] = {}

@@ -6,6 +6,7 @@ few seconds.
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import re
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 import spec
+from model_check import model
 from model_check.__main__ import (
     BUDGET_LIMIT,
     BUDGET_OPTIONS,
@@ -32,7 +34,7 @@ from model_check.__main__ import (
     build_config,
     main,
 )
-from model_check.model import CALLS_END
+from model_check.model import CALLS_END, MODEL_PROPERTIES
 
 ROOT = Path(__file__).resolve().parent.parent
 CRASH = ["--nodes=2", "--min-nodes=2", "--max-nodes=2", "--crash=1", "--quiet"]
@@ -205,17 +207,47 @@ def test_a_replay_without_any_violation_exits_0(tmp_path: Path, capsys: Capsys) 
     assert last == f"did NOT reproduce {CRASH_NAME}: no violation after 3 moves"
 
 
-def test_every_property_the_checker_reports_is_a_valid_trace_name() -> None:
-    # The names the model and the explorer report, read from their source, and the spec's.
-    found = set()
-    for module in ("model", "explore"):
-        text = (ROOT / "model_check" / f"{module}.py").read_text()
-        found |= set(re.findall(r'(?:violate|Violation)\(\s*"(\w+)"', text))
-    found |= {inv.name for inv in spec.STATE_INVARIANTS}
-    found |= {inv.name for inv in spec.STEP_INVARIANTS}
-    found.add(CALLS_END)
-    assert len(found) > 15
-    assert found == set(PROPERTIES)
+def _reported_names() -> list[tuple[str, ast.expr]]:
+    """The first argument of every ``violate(...)`` and ``Violation(...)`` call in the
+    model checker's source, with where it is (file:line)."""
+    found = []
+    for path in sorted((ROOT / "model_check").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call) or not node.args:
+                continue
+            func = node.func
+            callee = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if callee in ("violate", "Violation"):
+                found.append((f"{path.name}:{node.lineno}", node.args[0]))
+    return found
+
+
+def test_every_property_the_checker_reports_is_a_listed_trace_name() -> None:
+    # Each violate()/Violation() names a constant of MODEL_PROPERTIES, or passes on a name
+    # it was given (violate's own parameter; the spec's check_step names; a trace's JSON).
+    passed_on = {"name", "*"}
+    used = set()
+    for where, arg in _reported_names():
+        if isinstance(arg, ast.Starred):
+            used_name = "*"
+        elif isinstance(arg, ast.Name):
+            used_name = arg.id
+        else:
+            pytest.fail(f"{where}: name the property with a constant of model.MODEL_PROPERTIES")
+        if used_name in passed_on:
+            continue
+        value = getattr(model, used_name, None)
+        assert value in MODEL_PROPERTIES, f"{where}: {used_name} is not in MODEL_PROPERTIES"
+        used.add(value)
+    assert len(used) > 10
+    assert used == set(MODEL_PROPERTIES)  # and each listed property is reported somewhere
+    assert len(set(MODEL_PROPERTIES)) == len(MODEL_PROPERTIES)
+    invariants = {inv.name for inv in spec.STATE_INVARIANTS} | {
+        inv.name for inv in spec.STEP_INVARIANTS
+    }
+    assert not invariants & used  # one name, one meaning
+    assert set(PROPERTIES) == invariants | used
+    assert CALLS_END in PROPERTIES
 
 
 # -- 4. options given with --replay ---------------------------------------------------------

@@ -12,13 +12,22 @@ import os
 import signal
 import subprocess
 import sys
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from model_check.__main__ import _parser, build_config, main
 from model_check.explore import Result, simulate
-from model_check.parallel import KILL_WALK_ENV, WORKER_DIED_EXIT, WorkerDied, _how_it_ended
+from model_check.parallel import (
+    KILL_WALK_ENV,
+    WORKER_DIED_EXIT,
+    Job,
+    WorkerDied,
+    _how_it_ended,
+    _run_processes,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 QUIET = ["--mode", "random", "--quiet"]
@@ -167,3 +176,45 @@ def test_the_kill_hook_is_not_read_without_worker_processes(
 )
 def test_how_a_worker_ended_is_named(exitcode: int, expected: str) -> None:
     assert _how_it_ended(exitcode).startswith(expected)
+
+
+class _FailingStart:
+    """A process context whose second process fails to start; it records every pipe end."""
+
+    def __init__(self) -> None:
+        self.ends: list[Connection] = []
+        self.processes = 0
+
+    def Pipe(self, duplex: bool) -> tuple[Connection, Connection]:
+        reader, writer = multiprocessing.Pipe(duplex=duplex)
+        self.ends += [reader, writer]
+        return reader, writer
+
+    def Process(self, **kwargs: Any) -> _FakeProcess:
+        self.processes += 1
+        return _FakeProcess(fail=self.processes == 2)
+
+
+class _FakeProcess:
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+
+    def start(self) -> None:
+        if self.fail:
+            raise OSError("no more processes")
+
+    def is_alive(self) -> bool:
+        return False
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+
+def test_a_walk_that_cannot_start_leaves_no_pipe_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = _FailingStart()
+    monkeypatch.setattr("model_check.parallel.multiprocessing.get_context", lambda _: ctx)
+    jobs: list[Job] = [([], 0, i, 1) for i in range(3)]
+    with pytest.raises(OSError, match="no more processes"):
+        _run_processes(jobs, seed=0)
+    assert ctx.processes == 2 and len(ctx.ends) == 4  # the third walk was never begun
+    assert all(end.closed for end in ctx.ends)

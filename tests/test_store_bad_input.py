@@ -22,6 +22,7 @@ from rdzv import RendezvousParameters, create_handler
 from rdzv.backend import StoreRendezvousBackend
 from rdzv.errors import RendezvousStateError
 from rdzv.stores import SQLiteStore, open_store
+from rdzv.stores import url as url_module
 from rdzv.stores.etcd import EtcdStore
 from rdzv.stores.redis import RedisStore
 from rdzv.stores.remote import parse_remote_url
@@ -149,6 +150,52 @@ def test_a_percent_encoded_password_still_works_and_stays_hidden() -> None:
     assert parsed.shown == "redis://:***@h:1/0"
     assert "p%40ss" not in repr(parsed) and "p@ss" not in repr(parsed)
     check_userinfo("redis://:p%40ss@h:1/0")  # nothing ambiguous: no error
+
+
+def test_a_remote_urls_password_part_is_checked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    checked: list[str] = []
+    real = url_module.check_userinfo
+
+    def counted(url: str) -> None:
+        checked.append(url)
+        real(url)
+
+    monkeypatch.setattr(url_module, "check_userinfo", counted)
+    # Also where a module may have imported it by name.
+    monkeypatch.setattr("rdzv.stores.remote.check_userinfo", counted, raising=False)
+    parse_remote_url(f"redis://:{PASSWORD}@h:1/0?retries=1", 6379, ("retries",))
+    assert checked == [f"redis://:{PASSWORD}@h:1/0?retries=1"]
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        (
+            "memory://user:pw@job",
+            "memory URL 'memory://user:***@job' has a user:password@ part, which memory "
+            "stores do not take; name the store without ':' before an '@'",
+        ),
+        (
+            "sqlite://user:pw@/tmp/x.db?bogus=1",
+            "sqlite URL 'sqlite://user:***@/tmp/x.db?bogus=1' has a user:password@ part, "
+            "which SQLite files do not take; use sqlite:///abs/path/to/store.db",
+        ),
+        ("memory://job?b=1&a=2", "memory:// URLs take no query parameters, got ['a', 'b']"),
+        (
+            "sqlite:///tmp/x.db?bogus=1",
+            "unknown query parameter(s) ['bogus'] in 'sqlite:///tmp/x.db?bogus=1'; "
+            "supported: ['busy_timeout_ms']",
+        ),
+        (
+            "etcd://h:1?bogus=1",
+            "unknown query parameter(s) ['bogus'] in 'etcd://h:1?bogus=1'; supported: [",
+        ),
+    ],
+)
+def test_local_and_remote_urls_refuse_what_they_do_not_take_alike(url: str, says: str) -> None:
+    with pytest.raises(StoreUrlError) as caught:
+        open_store(url)
+    assert says in str(caught.value)
 
 
 def test_an_at_sign_after_the_host_must_be_percent_encoded() -> None:
@@ -441,22 +488,32 @@ def test_redis_ttl_outside_one_second_to_ten_years_is_refused(option: str, says:
     assert says in message and "from 1 to 315360000" in message
 
 
+TOO_LONG = "longer than a day is a hang"
+TOO_SHORT = "less than 1 ms fails before any server can answer"
+
+
 @pytest.mark.parametrize(
-    ("url", "name"),
+    ("url", "name", "why"),
     [
-        ("redis://127.0.0.1:1/0?socket_timeout=1e300", "socket_timeout"),
-        ("redis://127.0.0.1:1/0?socket_timeout=0.0001", "socket_timeout"),
-        ("redis://127.0.0.1:1/0?connect_timeout=86401", "connect_timeout"),
-        ("etcd://127.0.0.1:1?request_timeout=1e300", "request_timeout"),
-        ("etcd://127.0.0.1:1?request_timeout=0", "request_timeout"),
-        ("etcd://127.0.0.1:1?connect_timeout=1e10", "connect_timeout"),
+        ("redis://127.0.0.1:1/0?socket_timeout=1e300", "socket_timeout", TOO_LONG),
+        ("redis://127.0.0.1:1/0?socket_timeout=0.0001", "socket_timeout", TOO_SHORT),
+        ("redis://127.0.0.1:1/0?socket_timeout=0", "socket_timeout", TOO_SHORT),
+        ("redis://127.0.0.1:1/0?connect_timeout=86401", "connect_timeout", TOO_LONG),
+        ("etcd://127.0.0.1:1?request_timeout=1e300", "request_timeout", TOO_LONG),
+        ("etcd://127.0.0.1:1?request_timeout=0", "request_timeout", TOO_SHORT),
+        ("etcd://127.0.0.1:1?request_timeout=-inf", "request_timeout", TOO_SHORT),
+        ("etcd://127.0.0.1:1?connect_timeout=1e10", "connect_timeout", TOO_LONG),
     ],
 )
-def test_request_timeouts_outside_a_millisecond_to_a_day_are_refused(url: str, name: str) -> None:
+def test_request_timeouts_outside_a_millisecond_to_a_day_are_refused_saying_why(
+    url: str, name: str, why: str
+) -> None:
     with pytest.raises(StoreUrlError) as caught:
         open_store(url)
     message = str(caught.value)
     assert f"{name}=" in message and "from 0.001 to 86400" in message
+    assert why in message  # the reason given is the one for the bound crossed
+    assert (TOO_SHORT if why == TOO_LONG else TOO_LONG) not in message
 
 
 @pytest.mark.slow

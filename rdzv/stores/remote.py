@@ -26,7 +26,7 @@ from urllib.parse import unquote, urlsplit
 
 from rdzv.errors import RendezvousConnectionError, RendezvousError
 from rdzv.stores.common import BaseStore, check_keys, timeout_error, wait_seconds
-from rdzv.stores.url import StoreUrlError, check_userinfo, redact, split_query
+from rdzv.stores.url import StoreUrlError, redact, split_query
 
 T = TypeVar("T")
 
@@ -98,13 +98,7 @@ def parse_remote_url(url: str, default_port: int, allowed: tuple[str, ...]) -> R
     shown = redact(url)
     if url.find("://") < 0:
         raise StoreUrlError(f"store URL {shown!r} has no scheme (expected scheme://host:port)")
-    check_userinfo(url)
-    _, params = split_query(url)
-    unknown = sorted(set(params) - set(allowed))
-    if unknown:
-        raise StoreUrlError(
-            f"unknown query parameter(s) {unknown} in {shown!r}; supported: {sorted(allowed)}"
-        )
+    _, params = split_query(url, allowed)
     try:
         parts = urlsplit(url.partition("?")[0])
         port = parts.port
@@ -137,9 +131,12 @@ def float_param(
     low: float,
     high: float,
     why: str,
+    *,
+    why_low: str | None = None,
 ) -> float | None:
     """A query parameter holding a number of seconds from ``low`` to ``high``, or
-    ``default``; ``why`` (for the message) says what the bounds protect."""
+    ``default``; ``why`` (for the message) says what the bounds protect, and
+    ``why_low``, when given, what the lower bound protects (said for a value below it)."""
     text = parsed.params.get(name)
     if text is None:
         return default
@@ -148,9 +145,10 @@ def float_param(
     except ValueError:
         value = float("nan")
     if not low <= value <= high:  # also refuses nan and inf
+        reason = why_low if value < low and why_low is not None else why
         raise StoreUrlError(
             f"query parameter {name}={text!r} in {parsed.shown!r} must be a number of "
-            f"seconds from {_number(low)} to {_number(high)}; {why}"
+            f"seconds from {_number(low)} to {_number(high)}; {reason}"
         )
     return value
 
@@ -166,6 +164,8 @@ def timeout_param(parsed: RemoteUrl, name: str, default: float) -> float:
         MAX_TIMEOUT_S,
         f"a request or connection that may take longer than a day is a hang (the default "
         f"is {_number(default)})",
+        why_low=f"a request or connection given less than {_number(MIN_TIMEOUT_S * 1000)} ms "
+        f"fails before any server can answer (the default is {_number(default)})",
     )
     assert value is not None
     return value

@@ -70,7 +70,7 @@ from rdzv.stores.common import (
     timeout_error,
     wait_seconds,
 )
-from rdzv.stores.url import StoreUrlError, has_userinfo, redact, split_query, split_url
+from rdzv.stores.url import StoreUrlError, redact, split_query, split_url
 
 SCHEME = "sqlite"
 DEFAULT_BUSY_TIMEOUT_MS = 5_000
@@ -568,13 +568,12 @@ def open_sqlite(url: str, timeout: timedelta) -> SQLiteStore:
     shown = redact(url)
     if scheme != SCHEME:
         raise StoreUrlError(f"not an sqlite:// URL: {shown!r}")
-    if has_userinfo(url):
-        raise StoreUrlError(
-            f"sqlite URL {shown!r} has a user:password@ part, which SQLite files do not "
-            "take; use sqlite:///abs/path/to/store.db (a relative path whose first part "
-            "holds ':' and '@' must start with ./)"
-        )
-    raw_path, params = split_query(url)
+    raw_path, params = split_query(
+        url,
+        _URL_PARAMS,
+        no_userinfo="SQLite files do not take; use sqlite:///abs/path/to/store.db (a "
+        "relative path whose first part holds ':' and '@' must start with ./)",
+    )
     path = unquote(raw_path)
     if not path or path == "/":
         raise StoreUrlError(
@@ -584,11 +583,6 @@ def open_sqlite(url: str, timeout: timedelta) -> SQLiteStore:
         raise StoreUrlError(
             f"sqlite URL {shown!r} must name a file on disk (in-memory SQLite cannot be "
             "shared); use memory://name for an in-process store"
-        )
-    unknown = sorted(set(params) - set(_URL_PARAMS))
-    if unknown:
-        raise StoreUrlError(
-            f"unknown query parameter(s) {unknown} in {shown!r}; supported: {list(_URL_PARAMS)}"
         )
     busy = DEFAULT_BUSY_TIMEOUT_MS
     if "busy_timeout_ms" in params:

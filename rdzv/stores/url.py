@@ -15,6 +15,7 @@ where they lie after that span.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from urllib.parse import parse_qsl
 
 # RFC 3986: scheme = ALPHA *( ALPHA / DIGIT / "+" / "-" / "." )
@@ -103,18 +104,29 @@ def split_url(url: object) -> tuple[str, str]:
     return scheme.lower(), rest
 
 
-def split_query(url: str) -> tuple[str, dict[str, str]]:
+def split_query(
+    url: str, allowed: Sequence[str], *, no_userinfo: str | None = None
+) -> tuple[str, dict[str, str]]:
     """Split the part of ``url`` after ``scheme://`` into the part before ``?`` and the
-    query's parameters.
+    query's parameters, each named in ``allowed``.
 
-    A fragment (``#...``), a parameter given twice, or a parameter without ``=`` is an
-    error; so is a ``?`` or ``#`` inside the URL's ``user:password@`` part (see
-    :func:`check_userinfo`). Messages quote the URL redacted, and query text only when
-    it lies after the password.
+    ``url``'s ``user:password@`` part is looked at once, before anything else: with
+    ``no_userinfo`` (the end of the message: what does not take one, and what to write
+    instead) any such part is refused; without it, one a URL parser would read other than
+    a person does is (see :func:`check_userinfo`). A fragment (``#...``), a parameter
+    not in ``allowed`` (any parameter when ``allowed`` is empty), a parameter given
+    twice, or one without ``=`` is an error. Messages quote the URL redacted, and query
+    text only when it lies after the password.
     """
-    check_userinfo(url)
     shown = redact(url)
-    rest = url.partition("://")[2]
+    scheme, _, rest = url.partition("://")
+    scheme = scheme.lower()
+    if no_userinfo is None:
+        check_userinfo(url)
+    elif has_userinfo(url):
+        raise StoreUrlError(
+            f"{scheme} URL {shown!r} has a user:password@ part, which {no_userinfo}"
+        )
     if "#" in rest:
         raise StoreUrlError(
             f"store URLs take no fragment ('#...'), got {shown!r}; percent-encode a '#' "
@@ -135,4 +147,11 @@ def split_query(url: str) -> tuple[str, dict[str, str]]:
                     f"query parameter {name!r} is given twice in {shown!r}; give it once"
                 )
             params[name] = value
+    unknown = sorted(set(params) - set(allowed))
+    if unknown and not allowed:
+        raise StoreUrlError(f"{scheme}:// URLs take no query parameters, got {unknown}")
+    if unknown:
+        raise StoreUrlError(
+            f"unknown query parameter(s) {unknown} in {shown!r}; supported: {sorted(allowed)}"
+        )
     return path, params
