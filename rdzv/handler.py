@@ -24,6 +24,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import logging
+import math
 import os
 import random
 import secrets
@@ -130,21 +131,18 @@ the length of one store call (the store's own bound: on Redis up to its retries 
 per statement). A stop that gives up after this slack logs a warning and leaves the daemon
 thread to end after that call (it checks its stop flag before doing anything else)."""
 MIN_BOOTSTRAP_WAIT = 1.0
-"""Seconds: non-zero ranks wait at least this long for rank 0's bootstrap info."""
-BOOTSTRAP_SLICE = 1.0
-"""Seconds: the longest single wait for rank 0's bootstrap info before the waiting member
-reads the state again to check that its round still stands (a round whose rank 0 died is
-ended by the survivors' keep-alives; waiting on would hang until the join deadline)."""
-MAX_BOOTSTRAP_SLICES = 1_000_000
-"""Safety net on bootstrap waits in one round; the join deadline ends them long before."""
+"""Seconds: non-zero ranks wait at least this long for rank 0's bootstrap info. Between
+two slices (:func:`wait_slice`) of that wait the member reads the state again to check
+that its round still stands (a round whose rank 0 died is ended by the survivors'
+keep-alives; waiting on would hang until the join deadline)."""
 MAX_ROUND_ATTEMPTS = 64
 """How many rounds one ``next_rendezvous`` joins at most: a round that ends before its
 rank 0 published the bootstrap info is left and the next one joined, within the same join
 deadline (which ends the attempts long before this bound)."""
 SHUTDOWN_DRAIN_TIMEOUT = 3.0
-"""Real seconds ``shutdown`` waits for a ``next_rendezvous`` running in another thread to
-notice the close (it re-checks within one wait slice) before closing the store the handler
-opened itself."""
+"""Real seconds ``shutdown`` waits for a ``next_rendezvous`` (and, separately, a query or
+close) running in another thread to end before it closes the store the handler opened
+itself; if one is still running then, the store is left open (see ``shutdown``)."""
 
 HANDLER_CONFIG_KEYS: tuple[str, ...] = (
     "cache_duration",
@@ -243,6 +241,24 @@ class OperationFailed(Exception):
         super().__init__(fail.message)
         self.fail = fail
         self.cause = cause
+
+
+def wait_slice(clock: Clock, remaining: float) -> float:
+    """Real seconds of the next slice of a wait with ``remaining`` seconds of ``clock``
+    left: at most :data:`MAX_WAIT_SLICE`, and at most what ``clock`` allows to block
+    before it is looked at again (:meth:`~rdzv.clock.Clock.max_real_wait`)."""
+    return clock.max_real_wait(min(remaining, MAX_WAIT_SLICE))
+
+
+def max_slices(clock: Clock, budget: float) -> int:
+    """How many slices (:func:`wait_slice`) a wait of ``budget`` seconds takes at most:
+    ``ceil(budget / slice) + 1`` with the longest slice ``clock`` allows. On a real clock
+    the deadline ends the wait first; on a clock that does not move by itself (a
+    ``FakeClock`` nobody advances) this bound ends it, after ``budget`` real seconds."""
+    longest = wait_slice(clock, MAX_WAIT_SLICE)
+    if longest <= 0:
+        return 1
+    return math.ceil(max(budget, 0.0) / longest) + 1
 
 
 class NodeDriver:
@@ -495,8 +511,7 @@ class NodeDriver:
                 if remaining > 0:
                     # One slice; waking early is allowed (the machine reads and decides
                     # again), so a long wait is a sequence of bounded slices.
-                    real = self.clock.max_real_wait(min(remaining, MAX_WAIT_SLICE))
-                    self.backend.wait_for_change(request.token, real)
+                    self.backend.wait_for_change(request.token, wait_slice(self.clock, remaining))
         except BaseException as exc:
             self._io_failed(exc, "waiting for a state change")
             if not isinstance(exc, Exception):
@@ -623,6 +638,8 @@ class _HeartbeatSlot:
 
     def __init__(self) -> None:
         self.current: _Heartbeat | None = None
+        self._stragglers: list[_Heartbeat] = []
+        """Heartbeats told to stop whose thread did not end within its join bound."""
         self._shut = False
         self._lock = threading.Lock()
 
@@ -644,10 +661,16 @@ class _HeartbeatSlot:
         return True
 
     def stop(self) -> bool:
-        """Stop the current heartbeat (bounded join); True if it is gone."""
+        """Stop the current heartbeat, and join it and any earlier one that did not end in
+        time (each bounded); True if all of them are gone."""
         with self._lock:
             heartbeat, self.current = self.current, None
-        return True if heartbeat is None else heartbeat.stop()
+            pending = [*self._stragglers, *([] if heartbeat is None else [heartbeat])]
+            self._stragglers = []
+        left = [h for h in pending if not h.stop()]
+        with self._lock:
+            self._stragglers.extend(left)
+        return not left
 
     def shut(self) -> bool:
         """Stop the current heartbeat and refuse every later start."""
@@ -671,9 +694,27 @@ def _spec_settings(settings: RendezvousSettings, cache_duration: float) -> Setti
     )
 
 
-def _as_interval(value: timedelta | float) -> timedelta:
-    # Zero passes here and is refused by spec's Settings, which names it in milliseconds.
-    return as_duration(value, "keep_alive_interval", allow_zero=True)
+def _as_interval(
+    value: timedelta | float, what: str = "keep_alive_interval", shown: str | None = None
+) -> timedelta:
+    """The keep-alive interval as a timedelta: the one check of it, for
+    :meth:`DynamicRendezvousHandler.from_backend` and :func:`create_handler` alike
+    (``what`` and ``shown`` as in :func:`rdzv.api.as_duration`)."""
+    if isinstance(value, timedelta):
+        sign = (value > timedelta(0)) - (value < timedelta(0))
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        sign = (value > 0) - (value < 0)  # 0 for NaN too: as_duration names NaN below
+    else:
+        sign = 1  # not a duration: as_duration says what is wrong
+    if sign <= 0 and value == value:
+        if shown is None:
+            shown = f"{value.total_seconds() if isinstance(value, timedelta) else value!r} s"
+        raise ValueError(
+            f"{what} is {shown}, which is {'negative' if sign < 0 else 'zero'}; pass the "
+            f"seconds between two keep-alives, above zero (default "
+            f"{DEFAULT_KEEP_ALIVE_INTERVAL:g})"
+        )
+    return as_duration(value, what, shown=shown)
 
 
 def _got(value: object) -> str:
@@ -830,16 +871,24 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """Serializes the operations of ``_driver``: exit, join, keep-alive, and the
         state checks of the bootstrap wait."""
         self._control_lock = threading.Lock()
-        """Serializes the operations of ``_control`` (query, close) and guards the
-        shutdown fields below; never held while waiting for ``_lock``."""
+        """Serializes the operations of ``_control`` (query, close); never held while
+        waiting for ``_lock``."""
         self._rendezvous_lock = threading.Lock()
         """Held for a whole ``next_rendezvous``: ``shutdown`` waits on it (bounded)
         before it closes a store the handler opened itself."""
+        self._shutdown_lock = threading.Lock()
+        """Taken only by ``shutdown``, for its whole run: guards the fields below, so
+        that a repeated ``shutdown`` waits for no query and no join."""
         self._heartbeats = _HeartbeatSlot()
         self._owned_store: Store | None = None
-        """The store :func:`create_handler` opened for this handler; closed on shutdown."""
-        self._store_released = False
-        self._shutdown_result = False
+        """The store :func:`create_handler` opened for this handler, until closed."""
+        self._store_closer: weakref.finalize[[Store], DynamicRendezvousHandler] | None = None
+        """Closes ``_owned_store`` when the handler is garbage-collected, once a shutdown
+        had to leave it open."""
+        self._shutdown_result: bool | None = None
+        self._joined: tuple[int, NodeId | None] | None = None
+        """The round the last ``next_rendezvous`` returned, and its rank 0."""
+        """What the first complete ``shutdown`` returned; None before."""
         # Stop (and join) the heartbeat thread when this handler is garbage-collected.
         self._finalizer = weakref.finalize(self, self._heartbeats.stop)
 
@@ -890,6 +939,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 store = PrefixStore(f"rdzv/{self._settings.run_id}/{round_}", self._store)
                 bootstrap = self._bootstrap(rank, store, deadline, round_, leader)
                 if bootstrap is not None:
+                    self._joined = (round_, leader)
                     return RendezvousInfo(
                         store,
                         rank,
@@ -929,29 +979,35 @@ class DynamicRendezvousHandler(RendezvousHandler):
         handler opened itself (:func:`create_handler` with params only); False if closing
         the rendezvous failed.
 
-        Does not wait for a ``next_rendezvous`` running in another thread: that one sees
-        the close and raises :class:`~rdzv.errors.RendezvousClosedError`. Calling it again
-        is harmless."""
-        with self._control_lock:
-            if self._store_released:
-                return self._shutdown_result
-        if not self._heartbeats.shut():
-            logger.warning("the keep-alive thread of node %s did not stop in time", self._node)
-        closed = False
-        try:
-            self._control_op(Op.CLOSE)
-            closed = True
-        except RendezvousError as exc:
-            logger.warning(
-                "shutdown of node %s could not close the rendezvous: %s", self._node, exc
-            )
-        finally:
-            # Nothing starts a heartbeat after shut(); stopping again costs nothing.
-            self._stop_heartbeats()
-            with self._control_lock:
+        A ``next_rendezvous`` running in another thread sees the close and raises
+        :class:`~rdzv.errors.RendezvousClosedError`. ``shutdown`` does not wait for it,
+        except to close a store the handler opened: then it waits up to
+        :data:`SHUTDOWN_DRAIN_TIMEOUT` for that call, and for a query or close running
+        in another thread, to end. If one of them, or the keep-alive thread, is still
+        running after its bound, the store is left open (a warning says so) rather than
+        closed under it: a later ``shutdown`` that finds everything stopped closes it,
+        or else it is closed when the handler is garbage-collected.
+
+        Calling it again writes nothing: it returns the first call's answer (and closes
+        a store left open, if it now can)."""
+        with self._shutdown_lock:
+            if self._shutdown_result is None:
+                stopped = self._heartbeats.shut()
+                closed = False
+                try:
+                    self._control_op(Op.CLOSE)
+                    closed = True
+                except RendezvousError as exc:
+                    logger.warning(
+                        "shutdown of node %s could not close the rendezvous: %s", self._node, exc
+                    )
                 self._shutdown_result = closed
-            self._release_store()
-        return closed
+            else:
+                stopped = self._heartbeats.stop()  # a straggler of the first call, if any
+            if not stopped:
+                logger.warning("the keep-alive thread of node %s did not stop in time", self._node)
+            self._release_store(stopped)
+            return self._shutdown_result
 
     # -- extras ------------------------------------------------------------------------------
     @property
@@ -1015,21 +1071,47 @@ class DynamicRendezvousHandler(RendezvousHandler):
             f"shutdown() closed the rendezvous; build a new handler to rendezvous again"
         )
 
-    def _release_store(self) -> None:
-        """Close the store this handler opened itself (once)."""
-        with self._control_lock:
-            store, self._owned_store = self._owned_store, None
-            if store is None:
-                return
-            self._store_released = True
+    def _release_store(self, heartbeats_stopped: bool) -> None:
+        """Close the store this handler opened itself, once nothing of the handler uses
+        it any more; else leave it open and say so. Called under ``_shutdown_lock``."""
+        store = self._owned_store
+        if store is None:
+            return
+        if not heartbeats_stopped:
+            self._leave_store_open(store, "its keep-alive thread is still running")
+            return
         # A next_rendezvous in another thread sees the close within one wait slice and
-        # ends; let it end before its store goes away (bounded).
-        drained = self._rendezvous_lock.acquire(timeout=SHUTDOWN_DRAIN_TIMEOUT)
+        # ends, a query or close within its close timeout; let them end before their
+        # store goes away (bounded).
+        if not self._rendezvous_lock.acquire(timeout=SHUTDOWN_DRAIN_TIMEOUT):
+            self._leave_store_open(store, "a next_rendezvous in another thread still runs")
+            return
         try:
-            _close_store(store)
+            if not self._control_lock.acquire(timeout=SHUTDOWN_DRAIN_TIMEOUT):
+                self._leave_store_open(store, "a query or close in another thread still runs")
+                return
+            try:
+                self._owned_store = None
+                if self._store_closer is not None:
+                    self._store_closer()  # closes the store (finalizers run once)
+                else:
+                    _close_store(store)
+            finally:
+                self._control_lock.release()
         finally:
-            if drained:
-                self._rendezvous_lock.release()
+            self._rendezvous_lock.release()
+
+    def _leave_store_open(self, store: Store, why: str) -> None:
+        logger.warning(
+            "shutdown of node %s leaves the store %r open because %s; call shutdown() "
+            "again once it ended, else the store is closed when the handler is "
+            "garbage-collected",
+            self._node,
+            store,
+            why,
+        )
+        if self._store_closer is None:
+            self._store_closer = weakref.finalize(self, _close_store, store)
 
     def _keep_alive(self, stopping: threading.Event) -> None:
         with self._lock:
@@ -1074,31 +1156,71 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """Rank 0 publishes the bootstrap info, the others read it; None if the round
         ended before rank 0 published it (the caller joins the next round).
 
-        Non-zero ranks wait in slices of :data:`BOOTSTRAP_SLICE` and read the state
-        between slices; they wait at most the rest of the join deadline, and at least
-        :data:`MIN_BOOTSTRAP_WAIT`."""
-        remaining = to_seconds(deadline - now_of(self._clock).mono)
-        budget = max(remaining, MIN_BOOTSTRAP_WAIT)
-        if rank == 0:
-            info = self._exchange(rank, store, round_, budget)
-        else:
-            info = None
-            until = self._clock.monotonic() + budget
-            for _ in range(MAX_BOOTSTRAP_SLICES):
-                left = until - self._clock.monotonic()
-                if left <= 0:
-                    break
-                real = self._clock.max_real_wait(min(left, BOOTSTRAP_SLICE))
-                info = self._exchange(rank, store, round_, real)
-                if info is not None or not self._round_stands(round_, leader):
-                    return info
-        if info is None:
+        Non-zero ranks wait in slices (:func:`wait_slice`) and read the state between
+        slices; they wait at most the rest of the join deadline, and at least
+        :data:`MIN_BOOTSTRAP_WAIT`, in at most :func:`max_slices` slices."""
+        budget = max(to_seconds(deadline - now_of(self._clock).mono), MIN_BOOTSTRAP_WAIT)
+        if rank != 0:
+            return self._wait_in_round(
+                lambda wait: self._exchange(rank, store, round_, wait),
+                budget,
+                round_,
+                leader,
+                "the bootstrap info",
+            )
+        info = self._exchange(rank, store, round_, budget)
+        if info is None:  # not expected: rank 0 writes and does not wait
             raise RendezvousTimeoutError(
-                f"rank 0 ({leader}) of round {round_} did not publish the bootstrap info "
-                f"within {budget:g} s; it may have died: call next_rendezvous again to form "
-                f"a new round"
+                f"rank 0 ({leader}) of round {round_} could not publish the bootstrap info "
+                f"within {budget:g} s; call next_rendezvous again to form a new round"
             )
         return info
+
+    def wait_for_rank_0(
+        self, attempt: Callable[[float], T | None], deadline: float, what: str
+    ) -> T | None:
+        """Wait for something rank 0 of the round the last ``next_rendezvous`` returned
+        publishes after it (the torchrun plug-in's agent store), the way members wait for
+        the bootstrap info: ``attempt(seconds)`` waits up to that many real seconds and
+        returns None if it is not there yet; between attempts the state is read to check
+        that the round still stands.
+
+        Waits until ``deadline`` (seconds of :attr:`clock`), at least
+        :data:`MIN_BOOTSTRAP_WAIT`. Returns ``attempt``'s value, or None if the round
+        ended first (call ``next_rendezvous`` again); :class:`RendezvousTimeoutError`
+        naming ``what`` once the time is up."""
+        if self._joined is None:
+            raise RendezvousError(
+                f"node {self._node} waits for rank 0's {what} but has not joined a round; "
+                f"call next_rendezvous first"
+            )
+        round_, leader = self._joined
+        budget = max(deadline - self._clock.monotonic(), MIN_BOOTSTRAP_WAIT)
+        return self._wait_in_round(attempt, budget, round_, leader, what)
+
+    def _wait_in_round(
+        self,
+        attempt: Callable[[float], T | None],
+        budget: float,
+        round_: int,
+        leader: NodeId | None,
+        what: str,
+    ) -> T | None:
+        """``attempt`` in slices (:func:`wait_slice`) for ``budget`` seconds, at most
+        :func:`max_slices` of them, reading the state between slices; None as soon as
+        round ``round_`` (rank 0 ``leader``) no longer stands."""
+        until = self._clock.monotonic() + budget
+        for _ in range(max_slices(self._clock, budget)):
+            left = until - self._clock.monotonic()
+            if left <= 0:
+                break
+            value = attempt(wait_slice(self._clock, left))
+            if value is not None or not self._round_stands(round_, leader):
+                return value
+        raise RendezvousTimeoutError(
+            f"rank 0 ({leader}) of round {round_} did not publish {what} within "
+            f"{budget:g} s; it may have died: call next_rendezvous again to form a new round"
+        )
 
     def _exchange(
         self, rank: int, store: Store, round_: int, wait: float
@@ -1251,7 +1373,14 @@ def create_handler(
         close=_config_duration(params, "close_timeout"),
         heartbeat=_config_duration(params, "heartbeat_timeout"),
     )
-    interval = _config_duration(params, "keep_alive_interval")
+    seconds = params.get_as_float("keep_alive_interval")  # a clear error unless a number
+    interval = (
+        None
+        if seconds is None
+        else _as_interval(
+            seconds, "config option 'keep_alive_interval'", repr(params.get("keep_alive_interval"))
+        )
+    )
     attempts = params.get_as_int("keep_alive_max_attempt", DEFAULT_KEEP_ALIVE_MAX_ATTEMPT)
     cache = _config_duration(params, "cache_duration", allow_zero=True)
     protocol = params.get("protocol", DEFAULT_PROTOCOL)

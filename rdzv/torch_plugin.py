@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
 
-from rdzv.api import RendezvousParameters, RendezvousStoreInfo
+from rdzv.api import RendezvousInfo, RendezvousParameters, RendezvousStoreInfo
 from rdzv.errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -57,6 +57,8 @@ from rdzv.errors import (
 )
 from rdzv.handler import (
     HANDLER_CONFIG_KEYS,
+    MAX_ROUND_ATTEMPTS,
+    MIN_BOOTSTRAP_WAIT,
     TORCHRUN_CONFIG_KEYS,
     DynamicRendezvousHandler,
     check_config_keys,
@@ -94,8 +96,10 @@ DISABLE_AGENT_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 """torch's switch: ``1`` turns the shared agent store off (honoured here as in torch)."""
 AGENT_STORE_NAMESPACE = "torchrun-agent-store"
 """Sub-namespace of a round's store where rank 0 publishes its agent store's address."""
-MIN_AGENT_STORE_WAIT = timedelta(seconds=1)
-"""Non-zero ranks wait at least this long for rank 0's agent store address."""
+MIN_AGENT_STORE_WAIT = timedelta(seconds=MIN_BOOTSTRAP_WAIT)
+"""Non-zero ranks wait at least this long for rank 0's agent store address: the wait is
+the handler's wait for rank 0 (:meth:`rdzv.handler.DynamicRendezvousHandler.wait_for_rank_0`),
+with its floor :data:`rdzv.handler.MIN_BOOTSTRAP_WAIT`."""
 
 
 # -- parameters ------------------------------------------------------------------------------
@@ -358,11 +362,7 @@ class TorchrunHandler:
         # The agent-store exchange shares the join's deadline rather than starting afresh.
         deadline = self._handler.clock.monotonic() + self._join_timeout.total_seconds()
         try:
-            info = self._handler.next_rendezvous()
-            addr = info.bootstrap_store_info.master_addr
-            port = info.bootstrap_store_info.master_port
-            if self._options.use_agent_store:
-                port = self._share_agent_store(info.rank, info.store, addr, deadline)
+            info, addr, port = self._join(deadline)
         except RendezvousGracefulExitError as exc:
             if not self._options.exit_when_redundant:
                 raise torch_error(exc) from exc
@@ -413,29 +413,61 @@ class TorchrunHandler:
         return None if self._server is None else int(self._server.port)
 
     # internals -------------------------------------------------------------------------------
-    def _share_agent_store(self, rank: int, round_store: Store, addr: str, deadline: float) -> int:
-        """Rank 0 starts a fresh TCPStore server and publishes its port in the round's
-        namespace; every member returns that port. Non-zero ranks wait for it until the
-        join's ``deadline`` (the handler's clock), and at least
-        :data:`MIN_AGENT_STORE_WAIT`."""
-        from torch._C._distributed_c10d import TCPStore
+    def _join(self, deadline: float) -> tuple[RendezvousInfo, str, int]:
+        """The handler's next round, with the bootstrap address and the port the workers
+        use. A round that ends before its rank 0 published its agent store is left for the
+        next one (at most :data:`rdzv.handler.MAX_ROUND_ATTEMPTS` rounds), as the handler
+        does for the bootstrap info."""
+        for _ in range(MAX_ROUND_ATTEMPTS):
+            info = self._handler.next_rendezvous()
+            addr = info.bootstrap_store_info.master_addr
+            if not self._options.use_agent_store:
+                return info, addr, info.bootstrap_store_info.master_port
+            port = self._share_agent_store(info.rank, info.store, addr, deadline)
+            if port is not None:
+                return info, addr, port
+            logger.warning(
+                "round %d ended before its rank 0 published its agent store; node %s joins "
+                "the next round",
+                info.round,
+                self._handler.node,
+            )
+        raise RendezvousTimeoutError(
+            f"node {self._handler.node} joined {MAX_ROUND_ATTEMPTS} rounds and each ended "
+            f"before its rank 0 published its agent store; check why the nodes of this run "
+            f"die right after forming a round"
+        )
 
-        server_port: int | None = None
+    def _share_agent_store(
+        self, rank: int, round_store: Store, addr: str, deadline: float
+    ) -> int | None:
+        """Rank 0 starts a fresh TCPStore server and publishes its port in the round's
+        namespace; every member returns that port. Non-zero ranks wait for it with the
+        handler's wait for rank 0 (until the join's ``deadline`` on the handler's clock,
+        at least :data:`MIN_AGENT_STORE_WAIT`, checking that the round still stands);
+        None if the round ended first."""
+        shared = PrefixStore(AGENT_STORE_NAMESPACE, round_store)
         if rank == 0:
+            from torch._C._distributed_c10d import TCPStore
+
             # A fresh server per round: no key of a previous round's workers survives.
             self._server = TCPStore(host_name=addr, port=0, is_master=True, wait_for_workers=False)
-            server_port = int(self._server.port)
-        remaining = timedelta(seconds=deadline - self._handler.clock.monotonic())
-        wait = max(remaining, MIN_AGENT_STORE_WAIT)
-        shared = PrefixStore(AGENT_STORE_NAMESPACE, round_store)
-        try:
-            info = RendezvousStoreInfo.build(rank, shared, addr, server_port, timeout=wait)
-        except StoreTimeoutError as exc:
-            raise RendezvousTimeoutError(
-                f"rank 0 of this round did not publish its agent store within "
-                f"{wait.total_seconds():g} s; it may have died: the agent will rendezvous "
-                f"again if restarts are left"
-            ) from exc
+            info: RendezvousStoreInfo | None = RendezvousStoreInfo.build(
+                0, shared, addr, int(self._server.port)
+            )
+        else:
+
+            def attempt(seconds: float) -> RendezvousStoreInfo | None:
+                try:
+                    return RendezvousStoreInfo.build(
+                        rank, shared, addr, timeout=timedelta(seconds=seconds)
+                    )
+                except StoreTimeoutError:
+                    return None
+
+            info = self._handler.wait_for_rank_0(attempt, deadline, "its agent store")
+        if info is None:
+            return None
         if info.master_addr != addr:
             raise RendezvousStateError(
                 f"rank 0 published its agent store at {info.master_addr!r} but its "

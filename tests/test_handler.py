@@ -524,7 +524,7 @@ def test_store_exceptions_become_connection_errors_with_the_cause() -> None:
     [
         ({"min_nodes": 3, "max_nodes": 2}, r"max_nodes \(2\) must be >= min_nodes \(3\)"),
         ({"min_nodes": 0, "max_nodes": 2}, r"min_nodes \(0\) must be >= 1"),
-        ({"keep_alive_interval": 0}, r"keep_alive_interval \(0 ms\) must be positive"),
+        ({"keep_alive_interval": 0}, r"keep_alive_interval is 0 s, which is zero; pass the"),
         ({"keep_alive_max_attempt": 0}, r"keep_alive_max_attempt \(0\) must be >= 1"),
         ({"keep_alive_interval": "5"}, r"keep_alive_interval must be a number of seconds"),
         ({"protocol": "nope"}, r"unknown protocol variant 'nope'; choose one of: "),
@@ -542,6 +542,31 @@ def test_wrong_settings_are_rejected_with_a_clear_message(
         DynamicRendezvousHandler.from_backend(
             store=store, backend=StoreRendezvousBackend(store, "job"), **args
         )
+
+
+@pytest.mark.parametrize(("value", "problem"), [(0, "zero"), ("0", "zero"), ("-2", "negative")])
+def test_a_keep_alive_interval_not_above_zero_gets_one_message_however_it_is_given(
+    value: int | str, problem: str
+) -> None:
+    # One check of the interval, for from_backend's argument and create_handler's config.
+    store = MemoryStore()
+    with pytest.raises(ValueError) as direct:
+        DynamicRendezvousHandler.from_backend(
+            "job",
+            store,
+            StoreRendezvousBackend(store, "job"),
+            1,
+            1,
+            keep_alive_interval=float(value),
+        )
+    params = RendezvousParameters("rdzv", "memory://ka", "job", 1, 1, keep_alive_interval=value)
+    with pytest.raises(ValueError) as configured:
+        create_handler(params)
+    advice = f"which is {problem}; pass the seconds between two keep-alives, above zero"
+    assert str(direct.value).startswith(f"keep_alive_interval is {float(value)!r} s, {advice}")
+    assert str(configured.value).startswith(
+        f"config option 'keep_alive_interval' is {value!r}, {advice}"
+    )
 
 
 def test_a_written_state_round_trips_through_the_codec() -> None:

@@ -16,7 +16,9 @@ Synchronisation is by events and bounded thread joins; nothing sleeps for a time
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
+import math
 import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -33,6 +35,7 @@ from rdzv import (
     RendezvousParameters,
     RendezvousStoreInfo,
     RendezvousTimeout,
+    RendezvousTimeoutError,
     StoreRendezvousBackend,
     create_handler,
 )
@@ -260,7 +263,7 @@ def _leader_joins_and_leaves(lead: DynamicRendezvousHandler, store: Store) -> No
 def test_a_round_whose_rank_0_never_publishes_is_left_for_the_next(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(rdzv.handler, "BOOTSTRAP_SLICE", 0.05)  # re-check the state often
+    monkeypatch.setattr(rdzv.handler, "MAX_WAIT_SLICE", 0.05)  # re-check the state often
     store = MemoryStore()
     # Created first, so the smallest node id: rank 0 of the first round.
     lead, b, c = handler(store), handler(store), handler(store)
@@ -318,7 +321,7 @@ def test_a_round_whose_rank_0_died_is_ended_by_keep_alives_and_left() -> None:
 
 
 def test_a_close_during_the_bootstrap_wait_ends_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rdzv.handler, "BOOTSTRAP_SLICE", 0.05)
+    monkeypatch.setattr(rdzv.handler, "MAX_WAIT_SLICE", 0.05)
     store = MemoryStore()
     lead, b = handler(store), handler(store)
     with shut_down(lead, b):
@@ -331,6 +334,56 @@ def test_a_close_during_the_bootstrap_wait_ends_it(monkeypatch: pytest.MonkeyPat
         lead.set_closed()
         error = member.result()
         assert isinstance(error, RendezvousClosedError), error
+
+
+class _CountingWaits(MemoryStore):
+    """Counts the waits for bootstrap keys, and fails the one past ``limit`` (so a wait
+    that is not bounded by its slices ends fast, as a connection error)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.waits = 0
+
+    def wait(self, keys: Any, timeout: timedelta | None = None) -> None:
+        self.waits += 1
+        if self.waits > self.limit:
+            raise RuntimeError(f"wait number {self.waits}, past the bound {self.limit}")
+        super().wait(keys, timeout)
+
+
+def test_a_bootstrap_wait_on_a_fake_clock_nobody_advances_ends_after_its_slices() -> None:
+    # Rank 0 never publishes and nobody moves the clock, so the deadline never comes: the
+    # number of slices the budget allows must end the wait, with the timeout error.
+    clock = FakeClock()
+    budget = 1.0  # the join timeout, all of it left (the clock stands still)
+    bound = rdzv.handler.max_slices(clock, budget)
+    assert bound == math.ceil(budget / clock.max_real_wait(rdzv.handler.MAX_WAIT_SLICE)) + 1
+    store = _CountingWaits(limit=bound)
+
+    def make() -> DynamicRendezvousHandler:
+        return DynamicRendezvousHandler.from_backend(
+            "job",
+            store,
+            StoreRendezvousBackend(store, "job"),
+            2,
+            2,
+            timeout=RendezvousTimeout(join=timedelta(seconds=budget)),
+            clock=clock,
+            cache_duration=0,
+        )
+
+    lead, b = make(), make()  # lead first: the smaller node id, rank 0
+    with shut_down(lead, b):
+        driver = lead.driver
+        driver.start(Op.JOIN, driver.deadline_after(int(budget * 1000)))
+        leader = Call(driver.run, "lead")
+        member = Call(b.next_rendezvous, "b-join")
+        assert isinstance(leader.result(), Done)
+        error = member.result()
+        assert isinstance(error, RendezvousTimeoutError), error
+        assert "did not publish the bootstrap info within 1 s" in str(error)
+        assert store.waits == bound
 
 
 # -- participants and wait list in the returned info (review P7) --------------------------------
@@ -397,6 +450,157 @@ def test_shutdown_closes_the_store_the_handler_opened_once(
         assert _ClosingStore.closed == closing_scheme
 
 
+class _HoldingStore(_ClosingStore):
+    """Holds every read or write (``check``, ``set``, ``compare_set``) made by a thread
+    whose name starts with ``hold_thread`` until the test opens ``gate`` (bounded)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold_thread: str | None = None
+        self.held = threading.Event()
+        self.gate = threading.Event()
+
+    def _hold(self) -> None:
+        name = threading.current_thread().name
+        if self.hold_thread is not None and name.startswith(self.hold_thread):
+            self.held.set()
+            assert self.gate.wait(THREAD_JOIN), "the test never opened the gate"
+
+    def check(self, keys: Any) -> bool:
+        self._hold()
+        return super().check(keys)
+
+    def set(self, key: str, value: bytes | str) -> None:
+        self._hold()
+        super().set(key, value)
+
+    def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
+        self._hold()
+        return super().compare_set(key, expected, desired)
+
+
+@pytest.fixture
+def holding_scheme() -> Iterator[list[_HoldingStore]]:
+    _ClosingStore.closed = []
+    opened: list[_HoldingStore] = []
+
+    def opener(url: str, timeout: timedelta) -> Store:
+        store = _HoldingStore()
+        opened.append(store)
+        return store
+
+    register_scheme("holdtest", opener, example="holdtest://x")
+    try:
+        yield opened
+    finally:
+        for store in opened:
+            store.gate.set()
+        unregister_scheme("holdtest")
+
+
+def test_shutdown_leaves_the_store_open_while_its_keep_alive_thread_runs(
+    holding_scheme: list[_HoldingStore],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(rdzv.handler, "HEARTBEAT_JOIN_SLACK", 0.0)
+    params = RendezvousParameters(
+        "rdzv", "holdtest://x", "job", 1, 1, keep_alive_interval="0.01", heartbeat_timeout="0.05"
+    )
+    h = create_handler(params)
+    (store,) = holding_scheme
+    with shut_down(h), caplog.at_level(logging.WARNING, logger="rdzv.handler"):
+        h.next_rendezvous()
+        beating = h.heartbeat_thread
+        assert beating is not None
+        store.hold_thread = "rdzv-keep-alive"
+        assert store.held.wait(THREAD_JOIN)  # a keep-alive is inside a store call
+        assert h.shutdown() is True  # closes the rendezvous, gives up joining the thread
+        assert _ClosingStore.closed == []  # not closed under the running keep-alive
+        assert any("leaves the store" in r.getMessage() for r in caplog.records)
+        store.gate.set()
+        beating.join(THREAD_JOIN)
+        assert not beating.is_alive()
+        assert h.shutdown() is True  # everything stopped now: the store is closed
+        assert _ClosingStore.closed == [store]
+        closed = state(store)
+        assert closed is not None and closed.closed
+
+
+def test_shutdown_leaves_the_store_open_while_a_join_still_runs(
+    holding_scheme: list[_HoldingStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rdzv.handler, "SHUTDOWN_DRAIN_TIMEOUT", 0.01)
+    h = create_handler(RendezvousParameters("rdzv", "holdtest://x", "job", 2, 2))
+    (store,) = holding_scheme
+    with shut_down(h):
+        store.hold_thread = "a-join"
+        join = Call(h.next_rendezvous, "a-join")
+        assert store.held.wait(THREAD_JOIN)  # the join is inside a store call
+        assert h.shutdown() is True
+        assert _ClosingStore.closed == []
+        store.gate.set()
+        assert isinstance(join.result(), RendezvousClosedError)
+        assert h.shutdown() is True
+        assert _ClosingStore.closed == [store]
+
+
+def test_a_store_left_open_by_shutdown_is_closed_when_the_handler_is_collected(
+    holding_scheme: list[_HoldingStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rdzv.handler, "SHUTDOWN_DRAIN_TIMEOUT", 0.01)
+    h = create_handler(RendezvousParameters("rdzv", "holdtest://x", "job", 2, 2))
+    (store,) = holding_scheme
+    store.hold_thread = "a-join"
+    join = Call(h.next_rendezvous, "a-join")
+    assert store.held.wait(THREAD_JOIN)
+    assert h.shutdown() is True
+    assert _ClosingStore.closed == []
+    store.gate.set()
+    assert isinstance(join.result(), RendezvousClosedError)
+    del h, join  # the join's error holds frames of the handler
+    gc.collect()
+    assert _ClosingStore.closed == [store]
+
+
+class _HoldingReads(StoreRendezvousBackend):
+    """Holds the state reads of threads named ``hold_thread`` until ``gate`` opens."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store, "job")
+        self.hold_thread: str | None = None
+        self.held = threading.Event()
+        self.gate = threading.Event()
+
+    def get_state(self) -> tuple[bytes, Token] | None:
+        if threading.current_thread().name == self.hold_thread:
+            self.held.set()
+            assert self.gate.wait(THREAD_JOIN), "the test never opened the gate"
+        return super().get_state()
+
+
+def test_a_second_shutdown_writes_nothing_and_waits_for_no_query() -> None:
+    store = MemoryStore()
+    backend = _HoldingReads(store)
+    h = handler(store, 1, 1, backend=backend)
+    with shut_down(h):
+        h.next_rendezvous()
+        assert h.shutdown() is True
+        before = h.io_stats()
+        backend.hold_thread = "query"
+        query = Call(h.is_closed, "query")
+        try:
+            assert backend.held.wait(THREAD_JOIN)  # the query holds the control machine
+            assert h.shutdown() is True  # the first call's answer, at once
+            assert query.alive(), "shutdown waited for the query"
+        finally:
+            backend.gate.set()
+        assert query.result() is True
+        after = h.io_stats()
+        assert after.cas_attempts == before.cas_attempts  # the second shutdown wrote nothing
+        assert after.reads == before.reads + 1  # the query's read only
+
+
 def test_shutdown_leaves_a_store_it_was_given_open() -> None:
     store = _ClosingStore()
     _ClosingStore.closed = []
@@ -408,47 +612,124 @@ def test_shutdown_leaves_a_store_it_was_given_open() -> None:
 
 
 # -- torchrun adapter (review P4, P5) ----------------------------------------------------------
-class _RecordingStore(MemoryStore):
-    """Records the timeout of every wait for keys."""
+def _two_joined(
+    store: Store, clock: Any = None, join_timeout: float = JOIN_TIMEOUT
+) -> tuple[DynamicRendezvousHandler, DynamicRendezvousHandler, RendezvousInfo]:
+    """Two handlers that joined round 0 together (rank 0 first), and the member's info."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.waits: list[timedelta | None] = []
+    def make() -> DynamicRendezvousHandler:
+        return DynamicRendezvousHandler.from_backend(
+            "job",
+            store,
+            StoreRendezvousBackend(store, "job"),
+            2,
+            2,
+            timeout=RendezvousTimeout(join=timedelta(seconds=join_timeout)),
+            clock=clock,
+            cache_duration=0,
+        )
 
-    def wait(self, keys: Any, timeout: timedelta | None = None) -> None:
-        self.waits.append(timeout)
-        super().wait(keys, timeout)
-
-
-def test_the_agent_store_wait_uses_what_is_left_of_the_join_deadline() -> None:
-    from rdzv.torch_plugin import MIN_AGENT_STORE_WAIT, TorchrunHandler
-
-    clock = FakeClock()
-    store = _RecordingStore()
-    plugin = TorchrunHandler(handler(store, 1, 1, clock=clock))
-    # Rank 0 already published its agent store: the member's wait returns at once.
-    RendezvousStoreInfo.build(0, _prefixed(store), "host0", 29400)
-    store.waits.clear()
-    deadline = clock.monotonic() + 42.0
-    assert plugin._share_agent_store(1, _round(store), "host0", deadline) == 29400
-    assert store.waits == [timedelta(seconds=42.0)]
-    clock.advance(100.0)  # past the deadline: the floor applies
-    store.waits.clear()
-    assert plugin._share_agent_store(1, _round(store), "host0", deadline) == 29400
-    assert store.waits == [MIN_AGENT_STORE_WAIT]
+    lead, member = make(), make()
+    first, second = Call(lead.next_rendezvous, "lead"), Call(member.next_rendezvous, "member")
+    assert isinstance(first.result(), RendezvousInfo)
+    info = second.result()
+    assert isinstance(info, RendezvousInfo), info
+    assert info.rank == 1
+    return lead, member, info
 
 
-def _round(store: Store) -> Store:
-    from rdzv.store import PrefixStore
-
-    return PrefixStore("round", store)
-
-
-def _prefixed(store: Store) -> Store:
+def _publish_agent_store(info: RendezvousInfo, port: int) -> None:
+    """What rank 0's plug-in writes once its agent store runs."""
     from rdzv.store import PrefixStore
     from rdzv.torch_plugin import AGENT_STORE_NAMESPACE
 
-    return PrefixStore(AGENT_STORE_NAMESPACE, _round(store))
+    shared = PrefixStore(AGENT_STORE_NAMESPACE, info.store)
+    RendezvousStoreInfo.build(0, shared, info.bootstrap_store_info.master_addr, port)
+
+
+def _leave(lead: DynamicRendezvousHandler) -> None:
+    """``lead`` leaves its round (as if it died and was pruned): the round ends."""
+    with lead._lock:
+        driver = lead.driver
+        driver.start(Op.EXIT, driver.deadline_after(int(JOIN_TIMEOUT * 1000)))
+        driver.run()
+
+
+def test_the_agent_store_wait_returns_the_port_rank_0_published() -> None:
+    from rdzv.torch_plugin import TorchrunHandler
+
+    store = MemoryStore()
+    lead, member, info = _two_joined(store)
+    with shut_down(lead, member):
+        _publish_agent_store(info, 29400)
+        plugin = TorchrunHandler(member)
+        addr = info.bootstrap_store_info.master_addr
+        deadline = member.clock.monotonic() + JOIN_TIMEOUT
+        assert plugin._share_agent_store(1, info.store, addr, deadline) == 29400
+
+
+def test_the_agent_store_wait_uses_what_is_left_of_the_join_deadline() -> None:
+    # The handler's wait for rank 0: slices for what is left of the deadline, at least
+    # MIN_AGENT_STORE_WAIT. On a clock nobody advances, the slices count the budget.
+    from rdzv.torch_plugin import MIN_AGENT_STORE_WAIT, TorchrunHandler
+
+    clock = FakeClock()
+    store = _CountingWaits(limit=1_000_000)
+    lead, member, info = _two_joined(store, clock)
+    with shut_down(lead, member):
+        plugin = TorchrunHandler(member)
+        addr = info.bootstrap_store_info.master_addr
+        for left, budget in ((1.5, 1.5), (-100.0, MIN_AGENT_STORE_WAIT.total_seconds())):
+            store.waits = 0
+            deadline = clock.monotonic() + left
+            with pytest.raises(RendezvousTimeoutError, match="did not publish its agent store"):
+                plugin._share_agent_store(1, info.store, addr, deadline)
+            assert store.waits == rdzv.handler.max_slices(clock, budget)
+
+
+def test_the_agent_store_wait_ends_when_the_round_ends() -> None:
+    # Rank 0 published the bootstrap info, then died before its agent store: the member
+    # does not wait out the join deadline but learns that its round is over.
+    from rdzv.torch_plugin import TorchrunHandler
+
+    store = MemoryStore()
+    lead, member, info = _two_joined(store)
+    with shut_down(lead, member):
+        _leave(lead)
+        plugin = TorchrunHandler(member)
+        addr = info.bootstrap_store_info.master_addr
+        deadline = member.clock.monotonic() + JOIN_TIMEOUT
+        assert plugin._share_agent_store(1, info.store, addr, deadline) is None
+
+
+def test_torchrun_joins_the_next_round_when_rank_0_dies_before_its_agent_store(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from rdzv.torch_plugin import _torch_handler_class
+
+    store = MemoryStore()
+    lead = handler(store)  # rank 0 of round 0: publishes the bootstrap info, not its agent store
+    member_handler, late = handler(store), handler(store)
+    plugin = _torch_handler_class()(member_handler)
+    with shut_down(lead, member_handler, late), caplog.at_level(logging.WARNING):
+        try:
+            first = Call(lead.next_rendezvous, "lead")
+            member = Call(plugin.next_rendezvous, "member")
+            assert isinstance(first.result(), RendezvousInfo)
+            _leave(lead)
+            wait_for_state(
+                store,
+                lambda s: s.round == 1 and s.is_participant(member_handler.node),
+                "the member in round 1",
+            )
+            third = Call(late.next_rendezvous, "late")
+            info, late_info = member.result(), third.result()
+        finally:
+            plugin.shutdown()  # stops the member's agent store server, if it started one
+        assert not isinstance(info, BaseException), info
+        assert isinstance(late_info, RendezvousInfo), late_info
+        assert (info.rank, late_info.round, late_info.rank) == (0, 1, 1)
+        assert any("published its agent store" in r.getMessage() for r in caplog.records)
 
 
 def test_torchrun_shutdown_stops_the_server_even_when_closing_raises(
