@@ -379,8 +379,12 @@ def test_the_continuation_serves_each_process_until_it_waits(
     }
 
 
-def test_max_depth_checks_every_run_up_to_the_bound(capsys: pytest.CaptureFixture[str]) -> None:
-    crash = ["--nodes", "2", "--min-nodes", "2", "--crash", "1", "--quiet"]
+def test_max_depth_checks_every_run_up_to_the_bound(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The trace goes to tmp_path, not to the default file in the working directory.
+    trace = str(tmp_path / "depth.json")
+    crash = ["--nodes", "2", "--min-nodes", "2", "--crash", "1", "--quiet", "--trace-out", trace]
     # Weakness 2 needs 14 moves: a bound of 13 cannot see it and says so, 14 finds it.
     assert main([*crash, "--max-depth", "13"]) == 3
     out = capsys.readouterr().out
