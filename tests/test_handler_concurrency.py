@@ -22,7 +22,7 @@ import math
 import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import pytest
 
@@ -410,21 +410,32 @@ class _ClosingStore(MemoryStore):
         _ClosingStore.closed.append(self)
 
 
-@pytest.fixture
-def closing_scheme() -> Iterator[list[_ClosingStore]]:
+_S = TypeVar("_S", bound=_ClosingStore)
+
+
+@contextlib.contextmanager
+def _scheme(name: str, make: Callable[[], _S]) -> Iterator[list[_S]]:
+    """Register URL scheme ``name`` whose stores ``make`` builds; yields the stores
+    opened through it, and unregisters the scheme on every path."""
     _ClosingStore.closed = []
-    opened: list[_ClosingStore] = []
+    opened: list[_S] = []
 
     def opener(url: str, timeout: timedelta) -> Store:
-        store = _ClosingStore()
+        store = make()
         opened.append(store)
         return store
 
-    register_scheme("closetest", opener, example="closetest://x")
+    register_scheme(name, opener, example=f"{name}://x")
     try:
         yield opened
     finally:
-        unregister_scheme("closetest")
+        unregister_scheme(name)
+
+
+@pytest.fixture
+def closing_scheme() -> Iterator[list[_ClosingStore]]:
+    with _scheme("closetest", _ClosingStore) as opened:
+        yield opened
 
 
 def test_a_store_opened_for_a_handler_that_cannot_be_built_is_closed(
@@ -481,21 +492,12 @@ class _HoldingStore(_ClosingStore):
 
 @pytest.fixture
 def holding_scheme() -> Iterator[list[_HoldingStore]]:
-    _ClosingStore.closed = []
-    opened: list[_HoldingStore] = []
-
-    def opener(url: str, timeout: timedelta) -> Store:
-        store = _HoldingStore()
-        opened.append(store)
-        return store
-
-    register_scheme("holdtest", opener, example="holdtest://x")
-    try:
-        yield opened
-    finally:
-        for store in opened:
-            store.gate.set()
-        unregister_scheme("holdtest")
+    with _scheme("holdtest", _HoldingStore) as opened:
+        try:
+            yield opened
+        finally:
+            for store in opened:
+                store.gate.set()
 
 
 def test_shutdown_leaves_the_store_open_while_its_keep_alive_thread_runs(

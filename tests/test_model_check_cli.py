@@ -7,7 +7,6 @@ few seconds.
 from __future__ import annotations
 
 import ast
-import copy
 import json
 import re
 import sys
@@ -128,6 +127,17 @@ def test_a_written_trace_is_named_in_the_json(tmp_path: Path, capsys: Capsys) ->
 
 # -- 2. the shape of a trace ------------------------------------------------------------------
 Edit = Callable[[dict[str, Any]], object]
+
+
+def _edited_trace(tmp_path: Path, capsys: Capsys, edit: Edit) -> Path:
+    """A good trace with ``edit`` applied to its document, in a file of its own."""
+    doc = json.loads(_good_trace(tmp_path, capsys).read_text())
+    edit(doc)
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(doc))
+    return edited
+
+
 MALFORMED: list[tuple[str, Edit, str]] = [
     ("no moves", lambda d: d.pop("moves"), "'moves'"),
     ("no argv", lambda d: d.pop("argv"), "'argv'"),
@@ -150,20 +160,13 @@ MALFORMED: list[tuple[str, Edit, str]] = [
 def test_a_malformed_trace_is_a_usage_error_naming_the_field(
     edit: Edit, field: str, tmp_path: Path, capsys: Capsys
 ) -> None:
-    doc = json.loads(_good_trace(tmp_path, capsys).read_text())
-    bad = tmp_path / "bad.json"
-    edited = copy.deepcopy(doc)
-    edit(edited)
-    bad.write_text(json.dumps(edited))
+    bad = _edited_trace(tmp_path, capsys, edit)
     line = _usage_error(["--replay", str(bad)], capsys)
     assert f"trace {bad}" in line and field in line
 
 
 def test_a_move_that_is_not_enabled_is_a_usage_error(tmp_path: Path, capsys: Capsys) -> None:
-    doc = json.loads(_good_trace(tmp_path, capsys).read_text())
-    doc["moves"] = [["start", 7]]
-    bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps(doc))
+    bad = _edited_trace(tmp_path, capsys, lambda d: d.update(moves=[["start", 7]]))
     assert main(["--replay", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "move 1 (start(7)) is not enabled" in err[0]
@@ -173,10 +176,9 @@ def test_a_move_that_is_not_enabled_is_a_usage_error(tmp_path: Path, capsys: Cap
 def test_an_unknown_property_is_rejected_with_the_valid_names(
     tmp_path: Path, capsys: Capsys
 ) -> None:
-    trace = _good_trace(tmp_path, capsys)
-    doc = json.loads(trace.read_text())
-    doc["violation"]["name"] = "no_such_property"
-    trace.write_text(json.dumps(doc))
+    trace = _edited_trace(
+        tmp_path, capsys, lambda d: d["violation"].update(name="no_such_property")
+    )
     line = _usage_error(["--replay", str(trace)], capsys)
     assert "'no_such_property'" in line
     assert all(name in line for name in (CRASH_NAME, CALLS_END, "livelock", "lists_disjoint"))
@@ -185,10 +187,9 @@ def test_an_unknown_property_is_rejected_with_the_valid_names(
 def test_a_replay_that_fires_another_violation_exits_1_and_names_it(
     tmp_path: Path, capsys: Capsys
 ) -> None:
-    trace = _good_trace(tmp_path, capsys)
-    doc = json.loads(trace.read_text())
-    doc["violation"]["name"] = "world_size_agreement"
-    trace.write_text(json.dumps(doc))
+    trace = _edited_trace(
+        tmp_path, capsys, lambda d: d["violation"].update(name="world_size_agreement")
+    )
     assert main(["--replay", str(trace)]) == 1
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last == (
@@ -198,10 +199,7 @@ def test_a_replay_that_fires_another_violation_exits_1_and_names_it(
 
 
 def test_a_replay_without_any_violation_exits_0(tmp_path: Path, capsys: Capsys) -> None:
-    trace = _good_trace(tmp_path, capsys)
-    doc = json.loads(trace.read_text())
-    doc["moves"] = doc["moves"][:3]
-    trace.write_text(json.dumps(doc))
+    trace = _edited_trace(tmp_path, capsys, lambda d: d.update(moves=d["moves"][:3]))
     assert main(["--replay", str(trace)]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last == f"did NOT reproduce {CRASH_NAME}: no violation after 3 moves"
