@@ -77,6 +77,11 @@ STALE_SIGHTING = -(2**62)
 :func:`forget_stale_sightings`): no heartbeat value equals it and its expiry is long past,
 so the next read starts that node's age afresh, as it would for the newer value."""
 
+STALE_WATCH_VALUE = b"-"
+"""The value of a forgotten watch record (see :func:`forget_stale_watch`): heartbeat keys
+hold decimal digits, so no read returns it and the next read starts that node's age afresh,
+as it would for the newer value in the key. Its first-seen time is :data:`STALE_SIGHTING`."""
+
 MAX_LOCAL_STEPS = 32
 """Bound on machine steps one node takes within a single move (fused reads, and ops that
 chain into each other: exit, join, keep-alive, query); exceeding it raises."""
@@ -164,6 +169,11 @@ class ModelConfig:
     """Apply :func:`forget_stale_sightings` where it is exact (off only to test it)."""
     rotate_beats: bool = True
     """Apply :func:`rotate_beat_values` where it is exact (off only to test it)."""
+    forget_watch: bool = True
+    """Apply :func:`forget_stale_watch` where it is exact (off only to test it)."""
+    beat_modulus: int = BEAT_MODULUS
+    """Heartbeat-key values count modulo this (larger only to test that the default
+    loses nothing)."""
 
     @functools.cached_property
     def settings(self) -> Settings:
@@ -185,7 +195,9 @@ class ModelConfig:
         # Heartbeat values only need to differ from the last one an observer saw; a small
         # modulus keeps the state space finite (a watcher reads at least once per tick
         # and a node beats at most once per tick, so values never wrap unseen).
-        return Config(self.settings, self.variant, beat_modulus=BEAT_MODULUS, decode=decode_cached)
+        return Config(
+            self.settings, self.variant, beat_modulus=self.beat_modulus, decode=decode_cached
+        )
 
     def skew_of(self, slot: int) -> int:
         return self.skew_ticks if slot == 0 else 0
@@ -198,6 +210,20 @@ class ModelConfig:
         from zero again, an absolute origin) nor with two processes sharing an identity."""
         return (
             self.rotate_beats
+            and self.variant.heartbeats == spec.KEY_BEATS
+            and self.faults.restart_same == 0
+            and not self.duplicate_identity
+        )
+
+    @functools.cached_property
+    def forgets_stale_watch(self) -> bool:
+        """Whether :func:`forget_stale_watch` applies: heartbeats under keys, where each
+        key is written only by its node's one process, whose count only goes forward (a
+        value replaced in a key never comes back). Not with a restart under the same
+        identity (the new incarnation counts from zero again) nor with two processes
+        sharing an identity."""
+        return (
+            self.forget_watch
             and self.variant.heartbeats == spec.KEY_BEATS
             and self.faults.restart_same == 0
             and not self.duplicate_identity
@@ -607,17 +633,63 @@ _SIGHTED: IdentityCache[dict[NodeId, tuple[int, int]]] = IdentityCache(SIGHTED_E
 sightings outlive many moves unchanged."""
 
 
-def rotate_beat_values(world: World) -> World:
+def forget_stale_watch(world: World, cfg: ModelConfig) -> World:
+    """Forget what a watcher's records and timestamps can no longer tell (an exact
+    abstraction; see docs/model_checker.md).
+
+    A watch record (node, value, first seen) is consulted in two places only: a keep-alive
+    that has read the watched keys within the last interval asks whether a watched node's
+    value stood still past the expiry (``spec.dead_watched``); and the watcher's next read
+    keeps the record's first-seen time if the key still holds the value, or restarts it.
+    Once the watch is due again (``watched_at`` at least an interval ago, or never) the
+    first cannot happen before that read. If by then the key already holds another value,
+    the record can never match again (a node's count only goes forward, and a key is never
+    deleted), so the read restarts the age whatever the record said: the record becomes
+    :data:`STALE_WATCH_VALUE` at :data:`STALE_SIGHTING`, which no read matches either.
+
+    ``beat_at`` and ``watched_at`` only decide whether a beat or a watch is due, an age
+    compared with the keep-alive interval (one tick in the model): any time at least an
+    interval ago says "due" alike, so both are capped at one interval ago.
+    """
+    keys = dict(world.beats)
+    cap = -cfg.settings.keep_alive_interval
+    procs: list[Proc] = []
+    for p in world.procs:
+        local = p.local
+        watched_at = local.watched_at
+        due = watched_at is None or watched_at <= cap
+        watch = local.watch
+        if due and any(at != STALE_SIGHTING and keys.get(n) != v for n, v, at in watch):
+            watch = tuple(
+                (n, STALE_WATCH_VALUE, STALE_SIGHTING) if keys.get(n) != v else (n, v, at)
+                for n, v, at in watch
+            )
+        beat_at = local.beat_at
+        if beat_at is not None and beat_at < cap:
+            beat_at = cap
+        if watched_at is not None and watched_at < cap:
+            watched_at = cap
+        if watch is local.watch and beat_at == local.beat_at and watched_at == local.watched_at:
+            procs.append(p)
+            continue
+        changed = replace(local, watch=watch, beat_at=beat_at, watched_at=watched_at)
+        procs.append(replace(p, local=changed))
+    if all(a is b for a, b in zip(procs, world.procs, strict=True)):
+        return world
+    return replace(world, procs=tuple(procs))
+
+
+def rotate_beat_values(world: World, modulus: int = BEAT_MODULUS) -> World:
     """Count every node's heartbeat-key values from its own count (an exact abstraction;
     see docs/model_checker.md).
 
     Under heartbeats in keys, a node's values appear in its key, in its watchers'
     records and (as its write count) in its process; a write stores the count plus one,
     and watchers only compare values for equality. Shifting all of one node's values by
-    the same amount (modulo :data:`BEAT_MODULUS`) therefore changes no future, so the
-    world is shifted until the count of the node's process is 0; for a node with no
-    process left (restarted under a new identity), until its key, or else the first
-    record of it, holds 0.
+    the same amount (modulo ``modulus``, the model's :data:`BEAT_MODULUS`) therefore
+    changes no future, so the world is shifted until the count of the node's process is
+    0; for a node with no process left (restarted under a new identity), until its key,
+    or else the first record of it, holds 0.
     """
     shift: dict[NodeId, int] = {}
     for p in world.procs:
@@ -626,7 +698,7 @@ def rotate_beat_values(world: World) -> World:
         shift.setdefault(n, int(key))
     for p in world.procs:
         for n, seen, _ in p.local.watch:
-            if seen is not None:
+            if seen is not None and seen != STALE_WATCH_VALUE:
                 shift.setdefault(n, int(seen))
     shift = {n: k for n, k in shift.items() if k}
     if not shift:
@@ -634,9 +706,9 @@ def rotate_beat_values(world: World) -> World:
 
     def moved(node: NodeId, value: bytes | None) -> bytes | None:
         k = shift.get(node)
-        if value is None or k is None:
+        if value is None or value == STALE_WATCH_VALUE or k is None:
             return value
-        return str((int(value) - k) % BEAT_MODULUS).encode("ascii")
+        return str((int(value) - k) % modulus).encode("ascii")
 
     procs = []
     for p in world.procs:
@@ -646,10 +718,10 @@ def rotate_beat_values(world: World) -> World:
         if k is None and watch == local.watch:
             procs.append(p)
             continue
-        beats = local.beats if k is None else (local.beats - k) % BEAT_MODULUS
+        beats = local.beats if k is None else (local.beats - k) % modulus
         procs.append(replace(p, local=replace(local, beats=beats, watch=watch)))
     keys = tuple(
-        (n, v if n not in shift else str((int(v) - shift[n]) % BEAT_MODULUS).encode("ascii"))
+        (n, v if n not in shift else str((int(v) - shift[n]) % modulus).encode("ascii"))
         for n, v in world.beats
     )
     return replace(world, procs=tuple(procs), beats=keys)
@@ -687,7 +759,11 @@ class _Run:
             self.announced,
             self.beats,
         )
-        return rotate_beat_values(world) if self.cfg.rotates_beat_values else world
+        if self.cfg.forgets_stale_watch:
+            world = forget_stale_watch(world, self.cfg)
+        if not self.cfg.rotates_beat_values:
+            return world
+        return rotate_beat_values(world, self.cfg.beat_modulus)
 
     def now(self, p: Proc) -> Now:
         return Now(0, p.skew * self.cfg.tick_ms)
