@@ -14,13 +14,13 @@ The handler reads both from a :class:`Clock` and converts with :func:`to_millis`
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from datetime import timedelta
 from typing import Protocol, runtime_checkable
 
 from spec.machine import Now
+from spec.settings import seconds_to_millis
 from spec.state import Millis
 
 FAKE_CANCEL_POLL = 0.005
@@ -44,9 +44,7 @@ class FakeClockStalled(RuntimeError):
 def to_millis(seconds: float | timedelta) -> Millis:
     """Seconds (or a timedelta) as spec's integer milliseconds, rounded to nearest."""
     value = seconds.total_seconds() if isinstance(seconds, timedelta) else seconds
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"a duration must be a finite number of seconds, got {seconds!r}")
-    return round(value * 1000)
+    return seconds_to_millis(value)
 
 
 def to_seconds(millis: Millis) -> float:

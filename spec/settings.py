@@ -19,6 +19,17 @@ class SettingsError(ValueError):
     """A setting has a value the protocol cannot run with."""
 
 
+def seconds_to_millis(seconds: float, name: str = "a duration") -> Millis:
+    """``seconds`` (an int or float) as integer milliseconds, rounded to nearest; a
+    :class:`SettingsError` naming ``name`` if it is not a finite number. The one
+    conversion both spec's settings and the handler's clocks use."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise SettingsError(f"{name} must be a number of seconds, got {seconds!r}; pass e.g. 30")
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        raise SettingsError(f"{name} ({seconds}) must be a finite number of seconds")
+    return round(seconds * SECOND)
+
+
 def _check_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise SettingsError(
@@ -101,13 +112,7 @@ class Settings:
         """Build settings from durations in (possibly fractional) seconds."""
 
         def ms(name: str, seconds: float) -> Millis:
-            if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-                raise SettingsError(
-                    f"{name} must be a number of seconds, got {seconds!r}; pass e.g. 30"
-                )
-            if seconds != seconds or seconds in (float("inf"), float("-inf")):
-                raise SettingsError(f"{name} ({seconds}) must be a finite number of seconds")
-            millis = round(seconds * SECOND)
+            millis = seconds_to_millis(seconds, name)
             if seconds > 0 and millis == 0:
                 raise SettingsError(
                     f"{name} ({seconds} s) rounds to 0 ms, below the settings' 1 ms "
