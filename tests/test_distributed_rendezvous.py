@@ -39,6 +39,7 @@ from test_handler_processes import (
     _wait_for_file,
     _worker,
 )
+from test_stores import close_store, opened_store
 
 from rdzv import (
     RendezvousConnectionError,
@@ -48,7 +49,6 @@ from rdzv import (
     create_handler,
 )
 from rdzv.store import Store
-from rdzv.stores import open_store
 from spec.codec import decode
 from spec.state import RendezvousState
 
@@ -120,22 +120,6 @@ def store_cluster(work: Path, url: str, lo: int, hi: int, **config: str) -> Iter
     assert all(p.exitcode is not None for p in c.procs.values())
 
 
-def _close(store: object) -> None:
-    """Close ``store`` (the Store protocol has no ``close``; every rdzv store has one, and
-    closing one twice is harmless)."""
-    getattr(store, "close", lambda: None)()
-
-
-@contextmanager
-def _opened(url: str) -> Iterator[Store]:
-    """The store at ``url``, closed when the block ends, also when it fails."""
-    store = open_store(url)
-    try:
-        yield store
-    finally:
-        _close(store)
-
-
 # -- one adapter per server kind -----------------------------------------------------------
 
 
@@ -200,7 +184,7 @@ def test_processes_join_die_and_join_late(backend: Backend, tmp_path: Path) -> N
     config = {"keep_alive_interval": "0.5", "keep_alive_max_attempt": "6"}
     url = backend.url()
     with (
-        _opened(url) as store,
+        opened_store(url) as store,
         store_cluster(tmp_path / "work", url, 6, 8, last_call_timeout="3", **config) as c,
     ):
         c.start(list(range(8)))
@@ -281,7 +265,7 @@ def test_a_process_killed_inside_an_open_round_is_pruned(store_url: str, tmp_pat
     # Heartbeats every 0.5 s; dead after 6 missed ones (3 s), as in the test above.
     config = {"keep_alive_interval": "0.5", "keep_alive_max_attempt": "6"}
     with (
-        _opened(store_url) as store,
+        opened_store(store_url) as store,
         store_cluster(tmp_path / "work", store_url, 8, 8, **config) as c,
     ):
         c.start(list(range(7)))
@@ -356,7 +340,7 @@ class Node:
         try:
             self.handler._stop_heartbeats()
         finally:
-            _close(self.handler._store)
+            close_store(self.handler._store)
 
 
 @contextmanager
@@ -383,7 +367,7 @@ def start_node(started: list[Node], url: str, run_id: str, lo: int, hi: int, **c
 
 
 def _participants(url: str, run_id: str) -> int:
-    with _opened(url) as store:
+    with opened_store(url) as store:
         if not store.check([f"rdzv/{run_id}/state"]):
             return 0
         return len(decode(store.get(f"rdzv/{run_id}/state")).participants)
@@ -480,7 +464,7 @@ def test_long_partition_fails_with_connection_error(
 def test_garbage_written_while_nodes_wait(backend: Backend) -> None:
     url, run = backend.url(), f"run{uuid.uuid4().hex[:8]}"
     key = f"rdzv/{run}/state"
-    with _opened(url) as store, nodes() as started:
+    with opened_store(url) as store, nodes() as started:
         for _ in range(2):
             start_node(started, url, run, 3, 3)  # the round needs 3
         end = time.monotonic() + NODE_JOIN_S
@@ -503,7 +487,7 @@ def test_garbage_written_while_nodes_wait(backend: Backend) -> None:
 def test_garbage_in_the_rendezvous_key(backend: Backend) -> None:
     url, run = backend.url(), f"run{uuid.uuid4().hex[:8]}"
     key = f"rdzv/{run}/state"
-    with _opened(url) as store, nodes() as started:
+    with opened_store(url) as store, nodes() as started:
         store.set(key, b"\x80\x04garbage that is not a state")
         for _ in range(2):
             start_node(started, url, run, 2, 2)

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_stores import opened_store
 
 from rdzv import (
     DynamicRendezvousHandler,
     FakeClock,
-    RendezvousBackend,
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousInfo,
@@ -40,7 +40,7 @@ from rdzv import (
 from rdzv.backend import Token
 from rdzv.handler import BACKOFF_BASE, BACKOFF_CAP
 from rdzv.store import PrefixStore, Store
-from rdzv.stores import MemoryStore, open_store
+from rdzv.stores import MemoryStore
 from spec.codec import decode, encode
 from spec.machine import Fail
 from spec.state import NodeId, RendezvousState
@@ -148,8 +148,8 @@ def test_sixteen_threads_on_memory_store() -> None:
         infos = run_all([h.next_rendezvous for h in handlers])
         assert_one_round(infos, 16)
         stats = [h.io_stats() for h in handlers]
-        # Every node wrote at least its own join; nobody polled on a fixed period.
-        assert all(s.cas_attempts >= 1 for s in stats)
+        # Every node's own join write landed (a lost write is retried, not counted here).
+        assert all(s.cas_attempts - s.cas_conflicts >= 1 for s in stats)
 
 
 def test_round_store_is_namespaced_per_run_and_round(tmp_path: Path) -> None:
@@ -160,36 +160,49 @@ def test_round_store_is_namespaced_per_run_and_round(tmp_path: Path) -> None:
         assert a.store.prefix == "rdzv/job/0"
         a.store.set("greeting", b"hello")
         assert b.store.get("greeting") == b"hello"
-        raw = open_store(sqlite_url(tmp_path))
-        assert raw.get("rdzv/job/0/greeting") == b"hello"
+        with opened_store(sqlite_url(tmp_path)) as raw:
+            assert raw.get("rdzv/job/0/greeting") == b"hello"
 
 
 def test_late_node_waits_is_counted_and_joins_the_next_round(tmp_path: Path) -> None:
+    # On one FakeClock: round 0's last call ends only when the test advances the clock,
+    # and round 1 (max 3) cannot complete with two nodes, however slow the third is,
+    # because fake time stands still until all three joined.
     url = sqlite_url(tmp_path)
-    with shut(make_handlers(url, 3, 2, 3, last_call_timeout="0.2")) as handlers:
-        a, b, late = handlers
-        first = run_all([a.next_rendezvous, b.next_rendezvous])
+    clock = FakeClock()
+    last_call = RendezvousTimeout(last_call=timedelta(seconds=2))
+    with contextlib.ExitStack() as stack:
+        stores = [stack.enter_context(opened_store(url)) for _ in range(4)]
+        store = stores[3]  # the test's own connection
+        a, b, late = (fake_clock_handler(s, clock, 2, 3, timeout=last_call) for s in stores[:3])
+        stack.enter_context(stopping(a, b, late))
+        round0 = run_all_async([a.next_rendezvous, b.next_rendezvous])
+        try:
+            wait_for_stored(store, lambda s: len(s.participants) == 2, "a and b in round 0")
+            assert not stored_state(store).complete, "round 0 must wait out its last call"
+            clock.advance(2.001)  # past the last call: round 0 completes with a and b
+            wait_for_stored(store, lambda s: s.complete, "round 0 complete")
+        except BaseException:
+            a.set_closed()  # end a's and b's wait, so that their thread is joined below
+            raise
+        finally:
+            first = round0()
         assert_one_round(first, 2)
         assert a.num_nodes_waiting() == 0
 
-        late_result: list[Any] = []
-        late_thread = threading.Thread(
-            target=lambda: late_result.extend(run_all([late.next_rendezvous])), daemon=True
-        )
-        late_thread.start()
-        # The late node writes itself onto the wait list; wait (bounded) for that write.
-        store = open_store(url)
-        for _ in range(400):
-            if stored_state(store).wait_list:
-                break
-            store.wait_for_change("rdzv/job/state", store.get("rdzv/job/state"), timedelta(0.05))
-        assert stored_state(store).wait_list == (late.node,)
-        assert a.num_nodes_waiting() == 1
-        assert b.num_nodes_waiting() == 1
-
-        second = run_all([a.next_rendezvous, b.next_rendezvous])
-        late_thread.join(THREAD_JOIN)
-        assert not late_thread.is_alive()
+        late_call = run_all_async([late.next_rendezvous])
+        try:
+            # The late node writes itself onto the wait list of the complete round.
+            wait_for_stored(store, lambda s: bool(s.wait_list), "late on the wait list")
+            assert stored_state(store).wait_list == (late.node,)
+            assert a.num_nodes_waiting() == 1
+            assert b.num_nodes_waiting() == 1
+            second = run_all([a.next_rendezvous, b.next_rendezvous])
+        except BaseException:
+            a.set_closed()  # round 1 never formed: end late's wait, so it is joined below
+            raise
+        finally:
+            late_result = late_call()
         infos = [*second, *late_result]
         assert_one_round(infos, 3)
         assert infos[0].round == first[0].round + 1
@@ -199,11 +212,22 @@ def test_late_node_waits_is_counted_and_joins_the_next_round(tmp_path: Path) -> 
         # bootstrap info came from round 1's namespace, written by its rank 0.
         assert first[0].rank == second[0].rank == 0
         leader = next(i for i in infos if i.rank == 0)
-        raw = open_store(url)
         assert (
-            raw.get("rdzv/job/1/TCP_STORE_PORT")
+            store.get("rdzv/job/1/TCP_STORE_PORT")
             == str(leader.bootstrap_store_info.master_port).encode()
         )
+
+
+def wait_for_stored(
+    store: Store, ready: Callable[[RendezvousState], bool], what: str, key: str = "rdzv/job/state"
+) -> None:
+    """Wait (bounded, real time) until the stored state satisfies ``ready``."""
+    for _ in range(400):  # bound: 400 slices of at most 50 ms
+        current = store.get(key) if store.check([key]) else None
+        if current is not None and ready(decode(current)):
+            return
+        store.wait_for_change(key, current, timedelta(seconds=0.05))
+    raise AssertionError(f"the stored state never showed {what}")
 
 
 def test_re_rendezvous_advances_the_round_each_time() -> None:
@@ -260,8 +284,20 @@ def fake_clock_handler(
         keep_alive_interval=kw.pop("keep_alive_interval", 5),
         clock=clock,
         cache_duration=0,
+        rng=kw.pop("rng", None) or NoBackoff(),
         **kw,
     )
+
+
+class NoBackoff(random.Random):
+    """Draws every backoff as 0 s: a writer that lost a race re-reads at once.
+
+    A backoff is a sleep on the handler's clock; on a FakeClock nobody advances in the
+    middle of a join, a loser would sleep until FakeClockStalled. The backoff itself is
+    tested on its own (test_lost_writes_back_off_with_bounded_jitter_until_the_deadline)."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return a
 
 
 def test_join_times_out_on_the_fake_clock_without_sleeping() -> None:
@@ -340,10 +376,17 @@ def test_heartbeat_thread_stops_when_the_handler_is_garbage_collected() -> None:
     assert thread is not None and thread.is_alive()
     ref = weakref.ref(handler)
     del handler
-    gc.collect()
-    assert ref() is None, "the heartbeat thread must not keep the handler alive"
-    thread.join(THREAD_JOIN)
-    assert not thread.is_alive()
+    try:
+        gc.collect()
+        assert ref() is None, "the heartbeat thread must not keep the handler alive"
+        thread.join(THREAD_JOIN)
+        assert not thread.is_alive()
+    finally:
+        left = ref()
+        if left is not None:  # failed above: stop the thread that kept it alive
+            left._heartbeats.shut()
+            del left
+        thread.join(THREAD_JOIN)
 
 
 def test_heartbeat_failure_is_logged_and_the_thread_survives(
@@ -358,90 +401,88 @@ def test_heartbeat_failure_is_logged_and_the_thread_survives(
         assert thread is not None
         assert clock.wait_for_sleepers(1)
         store.set("rdzv/job/state", b"garbage")
+
+        def warnings() -> list[str]:
+            return [r.getMessage() for r in caplog.records if "keep-alive" in r.getMessage()]
+
+        def warned(count: int) -> bool:
+            """Wait (bounded: 2000 polls of 5 ms) for ``count`` keep-alive warnings."""
+            for _ in range(2000):
+                if len(warnings()) >= count:
+                    return True
+                time.sleep(0.005)
+            return False
+
         with caplog.at_level(logging.WARNING, logger="rdzv.handler"):
             clock.advance(5.0)
-            # The thread logs, then sleeps again: wait for that (bounded, real time).
-            for _ in range(2000):
-                if any("keep-alive" in r.getMessage() for r in caplog.records):
-                    break
-                time.sleep(0.005)
-        assert any(
-            "keep-alive" in r.getMessage() and "corrupt" in r.getMessage() for r in caplog.records
-        )
-        assert thread.is_alive()
+            assert warned(1)
+            assert "corrupt" in warnings()[0]
+            # The thread survived: it went back to sleep for the next beat, which fails too.
+            assert clock.wait_for_sleepers(1)
+            assert handler.heartbeat_thread is thread and thread.is_alive()
+            clock.advance(5.0)
+            assert warned(2)
         assert store.get("rdzv/job/state") == b"garbage", "a failed heartbeat must not write"
         assert handler.shutdown() is False  # closing fails on the corrupt state: False
         assert not thread.is_alive()
 
 
-class _Overlap(RendezvousBackend):
-    """Wraps a backend and records whether two calls of one handler ever overlapped."""
+class _HoldingKeepAlive(StoreRendezvousBackend):
+    """Holds the keep-alive thread inside its state read once ``hold`` is set, until
+    ``gate`` opens; ``held`` tells the test it is there."""
 
-    def __init__(self, inner: StoreRendezvousBackend) -> None:
-        self.inner = inner
-        self.active = 0
-        self.max_active = 0
-        self.calls = 0
-        self.heartbeat_calls = 0
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def _call(self) -> Iterator[None]:
-        with self._lock:
-            self.active += 1
-            self.calls += 1
-            if threading.current_thread().name.startswith("rdzv-keep-alive"):
-                self.heartbeat_calls += 1
-            self.max_active = max(self.max_active, self.active)
-        try:
-            time.sleep(0.0005)  # widen any window in which a second call could overlap
-            yield
-        finally:
-            with self._lock:
-                self.active -= 1
-
-    @property
-    def name(self) -> str:
-        return "overlap"
+    def __init__(self, store: Store) -> None:
+        super().__init__(store, "job")
+        self.hold = threading.Event()
+        self.held = threading.Event()
+        self.gate = threading.Event()
 
     def get_state(self) -> tuple[bytes, Token] | None:
-        with self._call():
-            return self.inner.get_state()
-
-    def set_state(
-        self, state: bytes, token: Token | None = None
-    ) -> tuple[bytes, Token, bool] | None:
-        with self._call():
-            return self.inner.set_state(state, token)
-
-    def wait_for_change(self, token: Token | None, timeout: float) -> bool:
-        with self._call():
-            return self.inner.wait_for_change(token, timeout)
+        keep_alive = threading.current_thread().name.startswith("rdzv-keep-alive")
+        if keep_alive and self.hold.is_set():
+            self.held.set()
+            assert self.gate.wait(THREAD_JOIN), "the test never opened the gate"
+        return super().get_state()
 
 
 def test_queries_run_beside_the_heartbeats_on_a_machine_of_their_own() -> None:
     # Queries never wait for the keep-alive (or a join): they run on the handler's second
-    # machine state, so the heartbeat keeps beating and the join's view is left alone.
+    # machine, so they answer while a keep-alive is stuck inside a store call, and the
+    # join's machine (which the keep-alive uses) is left alone.
+    clock = FakeClock()
     store = MemoryStore()
-    backend = _Overlap(StoreRendezvousBackend(store, "job"))
+    backend = _HoldingKeepAlive(store)
     handler = DynamicRendezvousHandler.from_backend(
-        "job", store, backend, 1, 1, keep_alive_interval=0.01, cache_duration=0
+        "job", store, backend, 1, 1, keep_alive_interval=5, clock=clock, cache_duration=0
     )
     with stopping(handler):
         handler.next_rendezvous()
         beat0 = stored_state(store).heartbeat_of(handler.node)
         assert beat0 is not None
-        for _ in range(10_000):  # bounded; ends once the heartbeat thread ran a few times
-            if backend.heartbeat_calls >= 5:
+        assert clock.wait_for_sleepers(1)  # the keep-alive thread waits for its time
+        backend.hold.set()
+        clock.advance(5.0)
+        queries: Callable[[], list[Any]] | None = None
+        try:
+            assert backend.held.wait(THREAD_JOIN), "the keep-alive never read the state"
+            local, beats = handler.driver.local, handler.driver.stats.copy()
+            control = handler._control.stats.copy()
+            queries = run_all_async([handler.num_nodes_waiting, handler.is_closed])
+            assert queries() == [0, False]  # answered while the keep-alive is held
+            assert handler.driver.local is local, "a query changed the join's machine"
+            assert handler.driver.stats == beats, "a query ran on the join's machine"
+            assert handler._control.stats.reads == control.reads + 2  # one read per query
+        finally:
+            backend.gate.set()
+            if queries is not None:
+                queries()
+        # The held keep-alive then finishes its beat.
+        for _ in range(200):  # bounded: 200 slices of at most 50 ms
+            beat = stored_state(store).heartbeat_of(handler.node)
+            if beat != beat0:
                 break
-            assert handler.num_nodes_waiting() == 0
-            assert handler.is_closed() is False
-        assert backend.heartbeat_calls >= 5, "the heartbeat thread never ran"
-        assert backend.calls > backend.heartbeat_calls
-        # Only exit, join and keep-alive ever ran on the join's machine.
-        assert handler.driver.local.op in (Op.JOIN, Op.KEEP_ALIVE)
-        beat = stored_state(store).heartbeat_of(handler.node)
-        assert beat is not None and beat > beat0
+            store.wait_for_change("rdzv/job/state", store.get("rdzv/job/state"), timedelta(0.05))
+        assert beat == beat0 + 5000
         assert handler.shutdown() is True
 
 
@@ -467,19 +508,13 @@ def test_corrupt_state_gives_a_state_error_and_is_left_alone(garbage: bytes) -> 
 
 
 def test_unreachable_store_gives_a_connection_error(tmp_path: Path) -> None:
+    # The SQLite store refuses at open time, before any handler exists.
     url = f"sqlite://{tmp_path / 'missing-dir' / 'rdzv.db'}"
     params = RendezvousParameters("rdzv", url, "job", 1, 1)
-    try:
-        handler = create_handler(params)
-    except RendezvousConnectionError as exc:  # a store may refuse at open time
-        assert "missing-dir" in str(exc)
-        return
-    try:
-        with pytest.raises(RendezvousConnectionError) as info:
-            handler.next_rendezvous()
-        assert "missing-dir" in str(info.value) and "reachable" in str(info.value)
-    finally:
-        assert handler.shutdown() is False
+    with pytest.raises(RendezvousConnectionError) as info:
+        create_handler(params)
+    message = str(info.value)
+    assert "missing-dir" in message and "does not exist" in message and "create it" in message
 
 
 def test_locked_store_gives_a_connection_error_and_recovers(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ etcd servers; a store without announcement sets gets a clear error.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from datetime import timedelta
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from servers import EtcdServer, RedisServer
-from test_stores import MemoryWithout
+from test_stores import MemoryWithout, opened_store
 
 from rdzv import (
     RendezvousError,
@@ -31,7 +32,6 @@ from rdzv.clock import Clock, FakeClock
 from rdzv.errors import RendezvousTimeoutError
 from rdzv.handler import DynamicRendezvousHandler, IoStats
 from rdzv.store import Store
-from rdzv.stores import open_store
 from spec.codec import decode, encode_node
 
 JOIN_S = 60.0
@@ -111,7 +111,11 @@ def test_etcd_rendezvous(etcd_server: EtcdServer) -> None:
 def test_the_state_records_every_member_with_its_rank() -> None:
     url = f"memory://{uuid.uuid4().hex}"
     infos, _ = _rendezvous(url, 6)
-    store = open_store(url)
+    with opened_store(url) as store:
+        _check_the_members(store, infos)
+
+
+def _check_the_members(store: Store, infos: list[RendezvousInfo]) -> None:
     prefixes = {i.store.prefix for i in infos}  # type: ignore[attr-defined]
     assert len(prefixes) == 1  # rdzv/<run>/<round>
     _, run, round_ = prefixes.pop().split("/")
@@ -224,54 +228,55 @@ def test_a_node_past_its_join_deadline_takes_its_announcement_back(
     later form the round without it: the first of them does not fill the round with the
     departed node (it would have: its announcement would have returned 2 = max_nodes)."""
     url = _store_url(kind, request, tmp_path)
-    store = open_store(url)
-    run = "w" + uuid.uuid4().hex[:8]
-    key = f"rdzv/{run}/announce/0"
-    clock = FakeClock()
-    gone = _scale_handler(store, run, clock)
-    box: list[BaseException | RendezvousInfo] = []
+    with contextlib.ExitStack() as stores:  # every store this test opens is closed
+        store = stores.enter_context(opened_store(url))
+        run = "w" + uuid.uuid4().hex[:8]
+        key = f"rdzv/{run}/announce/0"
+        clock = FakeClock()
+        gone = _scale_handler(store, run, clock)
+        box: list[BaseException | RendezvousInfo] = []
 
-    def call() -> None:
+        def call() -> None:
+            try:
+                box.append(gone.next_rendezvous())
+            except BaseException as exc:
+                box.append(exc)
+
+        thread = threading.Thread(target=call, daemon=True)
+        thread.start()
         try:
-            box.append(gone.next_rendezvous())
-        except BaseException as exc:
-            box.append(exc)
-
-    thread = threading.Thread(target=call, daemon=True)
-    thread.start()
-    try:
-        member = encode_node(gone.node)
-        for _ in range(1_000):  # bounded: 10 s of real time at most
-            if store.members(key) == [member]:  # type: ignore[attr-defined]
-                break
-            thread.join(0.01)
-        assert store.members(key) == [member]  # type: ignore[attr-defined]
-        clock.advance(60.001)  # past the join deadline, inside the rollback window
-        thread.join(JOIN_S)
-        assert not thread.is_alive(), "the node did not give up"
-    finally:
-        # (shutdown() would close the rendezvous for the late nodes too.)
-        clock.advance(3600.0)  # on a failure above: past the rollback window as well
-        thread.join(JOIN_S)
-    (error,) = box
-    assert isinstance(error, RendezvousTimeoutError), error
-    assert store.members(key) == []  # type: ignore[attr-defined]
-    assert gone.io_stats().withdrawals == 1
-    late = [_scale_handler(open_store(url), run) for _ in range(2)]
-    infos: list[RendezvousInfo] = []
-    try:
-        threads = [
-            threading.Thread(target=lambda h=h: infos.append(h.next_rendezvous()), daemon=True)
-            for h in late
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(JOIN_S)
-    finally:
-        for h in late:
-            h.shutdown()
-    assert len(infos) == 2 and {i.world_size for i in infos} == {2}
-    state = decode(store.get(f"rdzv/{run}/state"))
-    assert state.complete and gone.node not in state.participant_nodes()
-    assert set(state.participant_nodes()) == {h.node for h in late}
+            member = encode_node(gone.node)
+            for _ in range(1_000):  # bounded: 10 s of real time at most
+                if store.members(key) == [member]:  # type: ignore[attr-defined]
+                    break
+                thread.join(0.01)
+            assert store.members(key) == [member]  # type: ignore[attr-defined]
+            clock.advance(60.001)  # past the join deadline, inside the rollback window
+            thread.join(JOIN_S)
+            assert not thread.is_alive(), "the node did not give up"
+        finally:
+            # (shutdown() would close the rendezvous for the late nodes too.)
+            clock.advance(3600.0)  # on a failure above: past the rollback window as well
+            thread.join(JOIN_S)
+        (error,) = box
+        assert isinstance(error, RendezvousTimeoutError), error
+        assert store.members(key) == []  # type: ignore[attr-defined]
+        assert gone.io_stats().withdrawals == 1
+        late = [_scale_handler(stores.enter_context(opened_store(url)), run) for _ in range(2)]
+        infos: list[RendezvousInfo] = []
+        try:
+            threads = [
+                threading.Thread(target=lambda h=h: infos.append(h.next_rendezvous()), daemon=True)
+                for h in late
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(JOIN_S)
+        finally:
+            for h in late:
+                h.shutdown()
+        assert len(infos) == 2 and {i.world_size for i in infos} == {2}
+        state = decode(store.get(f"rdzv/{run}/state"))
+        assert state.complete and gone.node not in state.participant_nodes()
+        assert set(state.participant_nodes()) == {h.node for h in late}

@@ -249,3 +249,21 @@ TestHandlersOverOneStore = HandlersOverOneStore.TestCase
 TestHandlersOverOneStore.settings = settings(
     max_examples=100, stateful_step_count=80, deadline=None
 )
+
+
+def test_the_machine_reaches_finished_joins_so_the_join_checks_run() -> None:
+    # The random runs count finished joins but cannot promise one; this scripted run of
+    # the same rules shows a join finishes and passes _check_join under every variant.
+    for variant in ("upstream", "torch-2.13", "hardened", "scale"):
+        machine = HandlersOverOneStore()
+        machine.setup(n=3, min_nodes=3, extra=0, variant=variant, cache=0.0, seed=0)
+        machine.everybody_rendezvous()
+        # Bounded: 10 settles; between two, 0.1 s ends any backoff after a lost write
+        # (BACKOFF_CAP is 32 ms), and 1 s in all stays below the 3 s heartbeat expiry.
+        for _ in range(10):
+            machine.settle()
+            if machine.finished_joins == 3:
+                break
+            machine.advance(0.1)
+        assert machine.finished_joins == 3, (variant, machine.finished_joins)
+        assert machine.reported == {0: machine.completions[0]}

@@ -76,6 +76,9 @@ def test_workers_merge_the_seeded_walks_in_worker_order(
         max(w.settle_moves for w in walks),
     )
     found = [w for w in walks if w.violation is not None]
+    # HOLDS finds nothing and FINDS finds a violation: guards the branch below, so that
+    # the merge, trace and replay checks of FINDS cannot silently stop running.
+    assert bool(found) == (args is FINDS)
     if not found:
         assert (code, doc["violation"]) == (0, None)
         return

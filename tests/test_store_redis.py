@@ -8,13 +8,14 @@ network, that values are never unpickled, and that no subscription outlives its 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -30,8 +31,26 @@ from rdzv.testing import check_store
 pytestmark = pytest.mark.slow
 
 
+_OPENED: list[RedisStore] = []
+"""The stores the running test opened; :func:`_close_opened` closes them afterwards,
+also when the test failed (closing a store twice is harmless)."""
+
+
+@pytest.fixture(autouse=True)
+def _close_opened() -> Iterator[None]:
+    yield
+    with contextlib.ExitStack() as closes:  # every close runs, even if one raises
+        while _OPENED:
+            closes.callback(_OPENED.pop().close)
+
+
+def _opened(store: RedisStore) -> RedisStore:
+    _OPENED.append(store)
+    return store
+
+
 def _fresh(url: str, **params: str) -> RedisStore:
-    return RedisStore(cases.fresh_url(url, **params), timeout=timedelta(seconds=5))
+    return _opened(RedisStore(cases.fresh_url(url, **params), timeout=timedelta(seconds=5)))
 
 
 def _evalsha_calls(server: RedisServer) -> int:
@@ -212,8 +231,8 @@ def test_missing_key_times_out_with_the_store_timeout(redis_server: RedisServer)
 def test_databases_do_not_share_keys_or_wakeups(redis_server: RedisServer) -> None:
     prefix = f"t{uuid.uuid4().hex}"
     base = f"redis://127.0.0.1:{redis_server.port}"
-    a = RedisStore(f"{base}/1?prefix={prefix}")
-    b = RedisStore(f"{base}/2?prefix={prefix}")
+    a = _opened(RedisStore(f"{base}/1?prefix={prefix}"))
+    b = _opened(RedisStore(f"{base}/2?prefix={prefix}"))
     cases.check_stores_are_isolated(a, b)
     a.close()
     b.close()

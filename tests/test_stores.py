@@ -8,6 +8,7 @@ fix, the registry, and that stored bytes are never unpickled.
 from __future__ import annotations
 
 import ast
+import contextlib
 import itertools
 import multiprocessing
 import pickle
@@ -40,6 +41,22 @@ from rdzv.testing import check_store
 
 ROOT = Path(__file__).resolve().parent.parent
 SHORT = timedelta(milliseconds=50)
+
+
+def close_store(store: object) -> None:
+    """Close ``store`` (the Store protocol has no ``close``; every rdzv store has one, and
+    closing one twice is harmless)."""
+    getattr(store, "close", lambda: None)()
+
+
+@contextlib.contextmanager
+def opened_store(url: str) -> Iterator[Store]:
+    """``open_store(url)``, closed when the block ends, also when it fails."""
+    store = open_store(url)
+    try:
+        yield store
+    finally:
+        close_store(store)
 
 
 class SQLiteFiles:
@@ -583,41 +600,42 @@ def test_sqlite_file_that_is_not_a_database(tmp_path: Path) -> None:
     assert path.read_bytes() == text  # left untouched
 
 
-def _open_at(path: str, start: float, out: str) -> None:
-    """Child process: open (and close) the store at ``path`` at wall time ``start``."""
-    import time
+def _open_together(path: str, barrier: Any, out: str) -> None:
+    """Child process: once every child is started (``barrier``), open and close the store
+    at ``path``; write ``ok`` or the error to ``out``."""
+    import threading
 
-    while time.time() < start:  # bounded: start is a second or so away
-        time.sleep(0.0005)
     try:
+        barrier.wait()  # bounded by the barrier's timeout
         SQLiteStore(path, busy_timeout_ms=30_000).close()
         Path(out).write_text("ok")
-    except RendezvousConnectionError as exc:
-        Path(out).write_text(f"error: {exc}")
+    except (RendezvousConnectionError, threading.BrokenBarrierError) as exc:
+        Path(out).write_text(f"error: {type(exc).__name__}: {exc}")
 
 
 def test_sqlite_processes_opening_a_new_file_together_all_succeed(tmp_path: Path) -> None:
     # Several processes creating one file at once used to get "database is locked" at
     # once (SQLite refuses a lock upgrade that could deadlock, without waiting); about
-    # half of such rounds failed before opens were retried.
+    # half of such rounds failed before opens were retried. The children meet at a
+    # barrier, so they open together however late each one started.
     import multiprocessing
-    import time
 
     ctx = multiprocessing.get_context("spawn")
     for round_ in range(4):
         folder = tmp_path / f"r{round_}"
         folder.mkdir()
         path = str(folder / "rdzv.db")
-        start = time.time() + 1.5
         outs = [str(folder / f"out{i}") for i in range(5)]
+        # Bound: interpreter start-up of every child on a loaded machine.
+        barrier = ctx.Barrier(len(outs), timeout=60)
         procs: list[multiprocessing.process.BaseProcess] = []
         try:
             for out in outs:
-                proc = ctx.Process(target=_open_at, args=(path, start, out), daemon=True)
+                proc = ctx.Process(target=_open_together, args=(path, barrier, out), daemon=True)
                 proc.start()
                 procs.append(proc)  # before the next one starts: the finally stops each
             for p in procs:
-                p.join(60)  # bound: interpreter start-up on a loaded machine
+                p.join(120)  # bound: the barrier's 60 s, then one open
         finally:
             for p in procs:
                 if p.is_alive():
@@ -823,44 +841,46 @@ def check_one_read_per_change(open_store_: Callable[[], Any], run_id: str) -> No
     from rdzv.backend import StoreRendezvousBackend
 
     counting = CountingStore(open_store_())
-    reader = StoreRendezvousBackend(counting, run_id)
     writer_store = open_store_()
-    writer = StoreRendezvousBackend(writer_store, run_id)
-    assert reader.get_state() is None
-    assert writer.set_state(b"v1", None) == (b"v1", b"v1", True)
-    assert reader.wait_for_change(None, 5.0)
-    counting.calls.clear()
-    assert reader.get_state() == (b"v1", b"v1")
-    assert counting.calls == ["unchanged"]
-    for old, new in ((b"v1", b"v2" * 500), (b"v2" * 500, b"v3")):
-        assert writer.set_state(new, old) == (new, new, True)
-        assert reader.wait_for_change(old, 5.0)
+    try:
+        reader = StoreRendezvousBackend(counting, run_id)
+        writer = StoreRendezvousBackend(writer_store, run_id)
+        assert reader.get_state() is None
+        assert writer.set_state(b"v1", None) == (b"v1", b"v1", True)
+        assert reader.wait_for_change(None, 5.0)
         counting.calls.clear()
-        assert reader.get_state() == (new, new)
-        assert counting.calls == ["unchanged"], f"after the change to {new[:8]!r}"
-    # Unchanged: one confirmation of the bytes already held.
-    counting.calls.clear()
-    assert reader.get_state() == (b"v3", b"v3")
-    assert counting.calls == ["unchanged"]
-    # The state moved on after the wake-up: the value the wait saw is stale, so the
-    # confirmation fails and the state is read.
-    assert writer.set_state(b"v4", b"v3") == (b"v4", b"v4", True)
-    assert reader.wait_for_change(b"v3", 5.0)
-    assert writer.set_state(b"v5", b"v4") == (b"v5", b"v5", True)
-    counting.calls.clear()
-    assert reader.get_state() == (b"v5", b"v5")
-    assert counting.calls == ["unchanged", "try_get"]
-    # wait_get: the wait's own read returns the values; a missing key times out.
-    prefixed = PrefixStore(f"{run_id}/round", writer_store)
-    prefixed.multi_set(["a", "b"], [b"1", b"2"])
-    assert PrefixStore(f"{run_id}/round", counting.store).wait_get(["a", "b"], SHORT) == [
-        b"1",
-        b"2",
-    ]
-    with pytest.raises(StoreTimeoutError, match="'absent'"):
-        counting.store.wait_get(["absent"], timedelta(0))
-    for store in (counting.store, writer_store):
-        store.close()
+        assert reader.get_state() == (b"v1", b"v1")
+        assert counting.calls == ["unchanged"]
+        for old, new in ((b"v1", b"v2" * 500), (b"v2" * 500, b"v3")):
+            assert writer.set_state(new, old) == (new, new, True)
+            assert reader.wait_for_change(old, 5.0)
+            counting.calls.clear()
+            assert reader.get_state() == (new, new)
+            assert counting.calls == ["unchanged"], f"after the change to {new[:8]!r}"
+        # Unchanged: one confirmation of the bytes already held.
+        counting.calls.clear()
+        assert reader.get_state() == (b"v3", b"v3")
+        assert counting.calls == ["unchanged"]
+        # The state moved on after the wake-up: the value the wait saw is stale, so the
+        # confirmation fails and the state is read.
+        assert writer.set_state(b"v4", b"v3") == (b"v4", b"v4", True)
+        assert reader.wait_for_change(b"v3", 5.0)
+        assert writer.set_state(b"v5", b"v4") == (b"v5", b"v5", True)
+        counting.calls.clear()
+        assert reader.get_state() == (b"v5", b"v5")
+        assert counting.calls == ["unchanged", "try_get"]
+        # wait_get: the wait's own read returns the values; a missing key times out.
+        prefixed = PrefixStore(f"{run_id}/round", writer_store)
+        prefixed.multi_set(["a", "b"], [b"1", b"2"])
+        assert PrefixStore(f"{run_id}/round", counting.store).wait_get(["a", "b"], SHORT) == [
+            b"1",
+            b"2",
+        ]
+        with pytest.raises(StoreTimeoutError, match="'absent'"):
+            counting.store.wait_get(["absent"], timedelta(0))
+    finally:
+        for store in (counting.store, writer_store):
+            store.close()
 
 
 def test_prefix_store_wait_get_falls_back_to_wait_and_multi_get() -> None:

@@ -30,6 +30,7 @@ from typing import Any, cast
 
 import pytest
 import torch.distributed as dist
+from test_stores import opened_store
 from torch._C._distributed_c10d import Store as TorchBaseStore
 from torch._C._distributed_c10d import TCPStore
 from torch.distributed.elastic.rendezvous import api as torch_api
@@ -44,7 +45,7 @@ from rdzv.errors import (
     RendezvousStateError,
     StoreTimeoutError,
 )
-from rdzv.stores import MemoryStore, drop_memory_store, open_store
+from rdzv.stores import MemoryStore, drop_memory_store
 from rdzv.torch_plugin import (
     BACKEND_NAME,
     CONFIG_KEYS,
@@ -72,11 +73,14 @@ IN_PROCESS_WITHIN_S = 30.0
 """Bound on a thread of the in-process tests."""
 
 FAST_CONF = {
-    # Fast failure detection: a silent node is pruned after 0.5 s x 4.
+    # Fast failure detection: a silent node is pruned after 0.5 s x 6 (3 s). Shorter
+    # expiries prune live but starved agents on a loaded 2-core CI machine (and a spurious
+    # prune changes the restart counts the tests assert).
     "keep_alive_interval": "0.5",
-    "keep_alive_max_attempt": "4",
-    # A round with at least min_nodes completes 1 s after the last join.
-    "last_call_timeout": "1",
+    "keep_alive_max_attempt": "6",
+    # A round with at least min_nodes completes 3 s after the last join: a starved agent
+    # that joins up to 3 s after the others is still in their round.
+    "last_call_timeout": "3",
     # torchrun's timeout (the join timeout here): bounds every rendezvous of a test.
     "timeout": "120",
 }
@@ -318,7 +322,6 @@ def test_every_member_gets_rank_0s_agent_store_fresh_each_round(memory_url: str)
     params = _torch_params(memory_url, "job", 2, 2, timeout=IN_PROCESS_WITHIN_S)
     handlers = [create_torchrun_handler(params) for _ in range(2)]
     try:
-        seen_ports: list[int] = []
         for round_ in range(2):
             infos = _in_threads([h.next_rendezvous for h in handlers])
             for info in infos:
@@ -349,9 +352,7 @@ def test_every_member_gets_rank_0s_agent_store_fresh_each_round(memory_url: str)
             assert not any(i.store.check(["agent-key"]) for i in infos)
             infos[0].store.set("agent-key", b"x")
             assert all(i.store.check(["agent-key"]) for i in infos)
-            seen_ports.append(port)
             del client
-        assert len(seen_ports) == 2
     finally:
         for handler in handlers:
             handler.shutdown()
@@ -395,7 +396,7 @@ def test_a_redundant_node_exits_when_the_job_closes(
                 outcome.append(exc)
 
         thread = start(join)
-        store = open_store(memory_url)
+        store = stack.enter_context(opened_store(memory_url))
         backend = StoreRendezvousBackend(store, "job")
         _wait_until(lambda: _redundant_count(backend) == 1, IN_PROCESS_WITHIN_S, "the surplus node")
         member.shutdown()  # the job ends: the rendezvous is closed
@@ -749,8 +750,9 @@ def test_a_redundant_agent_exits_cleanly_when_the_job_ends(
         "a and b train together", lambda: cluster.sees_world("a", 2) and cluster.sees_world("b", 2)
     )
     c = cluster.start("c", "2")
-    backend = StoreRendezvousBackend(open_store(endpoint), cluster.run_id)
-    cluster.wait_for("c is on the redundancy list", lambda: _redundant_count(backend) == 1)
+    with opened_store(endpoint) as store:
+        backend = StoreRendezvousBackend(store, cluster.run_id)
+        cluster.wait_for("c is on the redundancy list", lambda: _redundant_count(backend) == 1)
     cluster.finish()
     assert [cluster.wait(a), cluster.wait(b), cluster.wait(c)] == [0, 0, 0], cluster.logs()
     assert cluster.progress("c") == []  # c never ran a worker
