@@ -62,7 +62,6 @@ from rdzv.handler import (
     TORCHRUN_CONFIG_KEYS,
     DynamicRendezvousHandler,
     check_config_keys,
-    config_join_timeout,
     create_handler,
 )
 from rdzv.store import PrefixStore, Store
@@ -137,7 +136,9 @@ def rdzv_parameters(params: Any) -> tuple[RendezvousParameters, PluginOptions]:
     """Our parameters from torch's (or ours), and the plug-in's own options.
 
     Checks every ``--rdzv-conf`` key and value and raises ``ValueError`` naming the key,
-    the value and the fix. ``timeout`` becomes ``join_timeout`` unless that is given.
+    the value and the fix. torchrun's ``timeout`` is passed on: the handler reads it as
+    the join timeout unless ``join_timeout`` is given
+    (:func:`rdzv.handler.config_join_timeout`).
     """
     missing = [
         name
@@ -175,9 +176,8 @@ def rdzv_parameters(params: Any) -> tuple[RendezvousParameters, PluginOptions]:
         **config,
     )
     # The plug-in's own keys are read (so bad values get the usual clear errors) and
-    # taken out: the handler does not know them. torchrun's ``timeout`` becomes
-    # ``join_timeout`` the way the handler reads it.
-    join = config_join_timeout(ours)
+    # taken out: the handler does not know them. torchrun's ``timeout`` stays: the
+    # handler reads it as the join timeout unless ``join_timeout`` is given.
     share = ours.get_as_bool("use_agent_store", True) is not False
     if os.environ.get(DISABLE_AGENT_STORE_ENV, "0") == "1":
         share = False
@@ -185,10 +185,8 @@ def rdzv_parameters(params: Any) -> tuple[RendezvousParameters, PluginOptions]:
         use_agent_store=share,
         exit_when_redundant=ours.get_as_bool("exit_when_redundant", True) is not False,
     )
-    for key in (*PLUGIN_KEYS, "timeout"):
+    for key in PLUGIN_KEYS:
         ours.config.pop(key, None)
-    if join is not None and "join_timeout" not in ours.config:
-        ours.config["join_timeout"] = join.total_seconds()
     return ours, options
 
 

@@ -155,15 +155,25 @@ def test_importing_the_plugin_does_not_import_torch() -> None:
 # -- parameters ------------------------------------------------------------------------------
 
 
-def test_torchruns_timeout_is_the_join_timeout_unless_join_timeout_is_given() -> None:
-    ours, _ = rdzv_parameters(_torch_params("memory://x", "job", 1, 2, timeout=900))
-    assert ours.config == {"join_timeout": 900.0}
-    ours, _ = rdzv_parameters(_torch_params("memory://x", "job", 1, 2, timeout="12.5"))
-    assert ours.config == {"join_timeout": 12.5}
-    ours, _ = rdzv_parameters(
-        _torch_params("memory://x", "job", 1, 2, timeout=900, join_timeout="30")
-    )
-    assert ours.config == {"join_timeout": "30"}
+@pytest.mark.parametrize(
+    ("config", "join"),
+    [
+        ({"timeout": 900}, 900.0),
+        ({"timeout": "12.5"}, 12.5),
+        ({"timeout": 900, "join_timeout": "30"}, 30.0),
+    ],
+)
+def test_torchruns_timeout_is_the_join_timeout_unless_join_timeout_is_given(
+    config: dict[str, Any], join: float, memory_url: str
+) -> None:
+    # The plug-in passes torchrun's ``timeout`` on untouched: the handler reads it.
+    ours, _ = rdzv_parameters(_torch_params("memory://x", "job", 1, 2, **config))
+    assert ours.config == config
+    handler = create_torchrun_handler(_torch_params(memory_url, "job", 1, 2, **config))
+    try:
+        assert handler.handler.settings.timeout.join == timedelta(seconds=join)
+    finally:
+        handler.shutdown()
 
 
 def test_the_join_timeout_reaches_the_handler(memory_url: str) -> None:
