@@ -171,6 +171,8 @@ class ModelConfig:
     """Apply :func:`rotate_beat_values` where it is exact (off only to test it)."""
     forget_watch: bool = True
     """Apply :func:`forget_stale_watch` where it is exact (off only to test it)."""
+    forget_announce: bool = True
+    """Apply :func:`forget_stale_announcement` (off only to test it)."""
     beat_modulus: int = BEAT_MODULUS
     """Heartbeat-key values count modulo this (larger only to test that the default
     loses nothing)."""
@@ -679,6 +681,41 @@ def forget_stale_watch(world: World, cfg: ModelConfig) -> World:
     return replace(world, procs=tuple(procs))
 
 
+def forget_stale_announcement(world: World, cfg: ModelConfig) -> World:
+    """Forget what a node's record of its latest announcement can no longer tell (an
+    exact abstraction; see docs/model_checker.md).
+
+    The record (round, set size returned, when) is consulted only while the node's view
+    is of that round: whether it is in the round's announcements at all (a record
+    exists), whether the announcement is fresh (at most an interval old) and, only then,
+    the size (``spec.tables`` atoms ``in_announcements``, ``announced``, ``fold_due``).
+    Every later view of the node is read from the store, whose round never goes back, or
+    made from its current view by effects, which never lower the round (a view with a new
+    round that is not written yet can fall back to the store's): so a record of a round
+    below both is dropped. A record older than an interval never becomes fresh again, so
+    its size is set to 0.
+    """
+    stale_at = -cfg.settings.keep_alive_interval
+    stored = 0 if world.store is None else decode_cached(world.store).round
+    procs: list[Proc] = []
+    for p in world.procs:
+        record = p.local.announced
+        if record is None:
+            procs.append(p)
+            continue
+        if record[0] < min(p.local.view.round, stored):
+            kept: tuple[int, int, int] | None = None
+        elif record[2] < stale_at and record[1] != 0:
+            kept = (record[0], 0, record[2])
+        else:
+            procs.append(p)
+            continue
+        procs.append(replace(p, local=replace(p.local, announced=kept)))
+    if all(a is b for a, b in zip(procs, world.procs, strict=True)):
+        return world
+    return replace(world, procs=tuple(procs))
+
+
 def rotate_beat_values(world: World, modulus: int = BEAT_MODULUS) -> World:
     """Count every node's heartbeat-key values from its own count (an exact abstraction;
     see docs/model_checker.md).
@@ -761,6 +798,8 @@ class _Run:
         )
         if self.cfg.forgets_stale_watch:
             world = forget_stale_watch(world, self.cfg)
+        if self.cfg.forget_announce and self.cfg.variant.announces:
+            world = forget_stale_announcement(world, self.cfg)
         if not self.cfg.rotates_beat_values:
             return world
         return rotate_beat_values(world, self.cfg.beat_modulus)

@@ -46,6 +46,7 @@ from model_check.model import (
     World,
     apply,
     enabled,
+    forget_stale_announcement,
     forget_stale_sightings,
     forget_stale_watch,
     node_id,
@@ -505,8 +506,8 @@ def _rotated(world: World, cfg: ModelConfig) -> World:
     return rotate_beat_values(world, cfg.beat_modulus)
 
 
-def _watch_forgotten(world: World, cfg: ModelConfig) -> World:
-    return forget_stale_watch(world, cfg)
+def _announcement_forgotten(world: World, cfg: ModelConfig) -> World:
+    return forget_stale_announcement(world, cfg)
 
 
 TWO_STORE_FAULTS = _hardened(
@@ -578,6 +579,25 @@ ABSTRACTION_CASES = [
         _rotated,
         id="rotate-restart-new",
     ),
+    # forget_stale_announcement (scale's record of its latest announcement)
+    pytest.param(
+        _cfg(nodes=3, min_nodes=2, max_nodes=3, variant=spec.SCALE, max_rounds=1, closes=0),
+        "forget_announce",
+        _announcement_forgotten,
+        id="announce",
+    ),
+    pytest.param(
+        _cfg(
+            nodes=2,
+            min_nodes=1,
+            max_nodes=2,
+            variant=spec.SCALE,
+            faults=Faults(crash=1, restart_new=1),
+        ),
+        "forget_announce",
+        _announcement_forgotten,
+        id="announce-restart",
+    ),
 ]
 
 
@@ -590,6 +610,8 @@ def test_abstraction_commutes_with_every_move(
     same violations (so both searches visit the same classes and decide the same)."""
     if knob == "forget_stale":
         off = dataclasses.replace(cfg, forget_stale=False)
+    elif knob == "forget_announce":
+        off = dataclasses.replace(cfg, forget_announce=False)
     else:
         off = dataclasses.replace(cfg, rotate_beats=False)
     worlds: list[World] = []
@@ -620,7 +642,8 @@ WATCH_CASE = _cfg(
 )
 """The smallest space found where a watch record outlives four beats of its node, so
 that the model's counts modulo 4 bring a replaced value back (its search without
-:func:`forget_stale_watch` gives 45,548 distinct worlds modulo 4 and 53,612 modulo 16)."""
+:func:`forget_stale_watch` gives 12,452 distinct worlds modulo 4 and 14,180 modulo 16;
+with it, 7,150 for both)."""
 
 
 def _wraps(world: World, move: Move, after: World) -> bool:
@@ -672,7 +695,7 @@ def test_with_watch_records_forgotten_the_beat_modulus_changes_nothing() -> None
     """Once stale watch records are forgotten, no record lives long enough for a count to
     wrap onto it: the search finds as many worlds and the same verdict with heartbeat
     counts modulo 4 (the model's) as modulo 16. Without the abstraction the two differ
-    (45,548 and 53,612 worlds), and the rule is off where a count can restart."""
+    (12,452 and 14,180 worlds), and the rule is off where a count can restart."""
     four = explore(WATCH_CASE, symmetry=False)
     sixteen = explore(dataclasses.replace(WATCH_CASE, beat_modulus=16), symmetry=False)
     kept = explore(dataclasses.replace(WATCH_CASE, forget_watch=False), symmetry=False)
