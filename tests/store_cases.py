@@ -8,12 +8,13 @@ Each function acts on a store the caller opened and leaves closing it to the cal
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import pytest
 from servers import TcpProxy
@@ -27,6 +28,27 @@ class ClosableStore(Store, Protocol):
     """A store that holds connections (every network backend)."""
 
     def close(self) -> None: ...
+
+
+_S = TypeVar("_S", bound=ClosableStore)
+
+
+class OpenedStores:
+    """The stores the running test opened: a module's autouse fixture calls
+    :meth:`close_all` after each test, so they are closed also when the test failed
+    (closing a store twice is harmless)."""
+
+    def __init__(self) -> None:
+        self._stores: list[ClosableStore] = []
+
+    def __call__(self, store: _S) -> _S:
+        self._stores.append(store)
+        return store
+
+    def close_all(self) -> None:
+        with contextlib.ExitStack() as closes:  # every close runs, even if one raises
+            while self._stores:
+                closes.callback(self._stores.pop().close)
 
 
 def fresh_url(url: str, **params: str) -> str:

@@ -40,22 +40,13 @@ from rdzv.testing import check_store
 pytestmark = pytest.mark.slow
 
 
-_OPENED: list[EtcdStore] = []
-"""The stores the running test opened; :func:`_close_opened` closes them afterwards,
-also when the test failed (closing a store twice is harmless)."""
+_opened = cases.OpenedStores()
 
 
 @pytest.fixture(autouse=True)
 def _close_opened() -> Iterator[None]:
     yield
-    with contextlib.ExitStack() as closes:  # every close runs, even if one raises
-        while _OPENED:
-            closes.callback(_OPENED.pop().close)
-
-
-def _opened(store: EtcdStore) -> EtcdStore:
-    _OPENED.append(store)
-    return store
+    _opened.close_all()
 
 
 def _fresh(url: str, **params: str) -> EtcdStore:
