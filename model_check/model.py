@@ -195,8 +195,9 @@ class ModelConfig:
     @functools.cached_property
     def machine_config(self) -> Config:
         # Heartbeat values only need to differ from the last one an observer saw; a small
-        # modulus keeps the state space finite (a watcher reads at least once per tick
-        # and a node beats at most once per tick, so values never wrap unseen).
+        # modulus keeps the state space finite. A node beats at most once per tick and
+        # forget_stale_watch forgets a record within a tick of its key moving on, so no
+        # count wraps onto a record (without that rule one could; see its docstring).
         return Config(
             self.settings, self.variant, beat_modulus=self.beat_modulus, decode=decode_cached
         )
@@ -648,6 +649,12 @@ def forget_stale_watch(world: World, cfg: ModelConfig) -> World:
     the record can never match again (a node's count only goes forward, and a key is never
     deleted), so the read restarts the age whatever the record said: the record becomes
     :data:`STALE_WATCH_VALUE` at :data:`STALE_SIGHTING`, which no read matches either.
+
+    This also keeps the model's small :data:`BEAT_MODULUS` faithful: a record its key has
+    moved past is forgotten within a tick, so no count wraps onto it. Without the rule a
+    watcher that stopped reading kept its records while the node beat on, and after
+    ``BEAT_MODULUS`` beats the key matched a record again, carrying an age over where
+    real counts restart it.
 
     ``beat_at`` and ``watched_at`` only decide whether a beat or a watch is due, an age
     compared with the keep-alive interval (one tick in the model): any time at least an
