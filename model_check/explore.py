@@ -1,14 +1,14 @@
 """Search: exhaustive breadth-first exploration and seeded random simulation.
 
 Breadth-first order makes the first violation found one of the shortest (fewest moves).
-Each visited class keeps a parent pointer (fingerprint of the parent, move), and the
-explored member of each class is exactly the world reached by applying the recorded
-moves to the initial world, so a counterexample is a list of concrete moves that
-:func:`replay` re-executes without any canonicalisation.
+Each visited class is numbered and keeps a parent pointer (the parent's number, the
+move; see :class:`_Graph`), and the explored member of each class is exactly the world
+reached by applying the recorded moves to the initial world, so a counterexample is a
+list of concrete moves that :func:`replay` re-executes without any canonicalisation.
 
 After an exhaustive search two graph properties are decided: ``livelock`` (a cycle of
 moves that never advance time) and ``calls_end_as_specified`` (a world from which no
-acceptable world is reachable without further faults, see :class:`_CallsEnd`). Random
+acceptable world is reachable without further faults, see :meth:`_Graph.doomed`). Random
 mode judges the end of every walk (:func:`_check_end`).
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -93,30 +94,27 @@ def explore(
     fp_of: Callable[[World], bytes] = canon.fingerprint if symmetry else plain
     start = time.monotonic()
     w0 = make_initial(cfg)
-    fp0 = fp_of(w0)
-    parents: dict[bytes, tuple[bytes, Move] | None] = {fp0: None}
-    queue: deque[tuple[World, bytes, int]] = deque([(w0, fp0, 0)])
+    graph = _Graph(fp_of(w0))
+    queue: deque[tuple[World, int]] = deque([(w0, 0)])
     if visit is not None:
         visit(w0)
     result = Result(unique=1)
     last_report = start
     seen_violations: set[str] = set()
-    timeless: dict[bytes, list[bytes]] = {}
-    """Edges of moves that do not advance time (for the livelock check)."""
-    calm = _CallsEnd()
-    """The graph of moves that inject no fault (for the general liveness property)."""
-    while queue:
-        world, fp, depth = queue.popleft()
+    while queue:  # bounded: every distinct world is queued at most once
+        world, here = queue.popleft()
+        depth = graph.depth[here]
         result.depth = max(result.depth, depth)
-        calm.add_world(fp, world, cfg)
-        for move in enabled(world, cfg):
+        moves = enabled(world, cfg)
+        graph.mark(here, world, moves, cfg)
+        for move in moves:
             out = apply(world, move, cfg)
             result.states += 1
             calm_edge = move.kind not in _FAULT_MOVES
             if out.violations:
                 if calm_edge:
-                    calm.add_edge(fp, None)
-                path = [*_path(parents, fp), move]
+                    graph.calm_dst.append(_ESCAPE)
+                path = [*graph.path(here), move]
                 for v in out.violations:
                     if v.name in seen_violations:
                         continue
@@ -126,16 +124,15 @@ def explore(
                     if result.violation is None:
                         result.violation, result.path = v, path
                 if stop_on_violation:
-                    return _finish(result, start, canon, parents, keep_fingerprints)
+                    return _finish(result, start, canon, graph, keep_fingerprints)
                 continue
-            child = fp_of(out.world)
+            child, new = graph.add(fp_of(out.world), here, move)
             if calm_edge:
-                calm.add_edge(fp, child)
+                graph.calm_dst.append(child)
             if move.kind != "tick":
-                timeless.setdefault(fp, []).append(child)
-            if child in parents:
+                graph.timeless_dst.append(child)
+            if not new:
                 continue
-            parents[child] = (fp, move)
             result.unique += 1
             if visit is not None:
                 visit(out.world)
@@ -143,11 +140,13 @@ def explore(
                 # A world at the depth bound: checked when it was made, never expanded.
                 result.truncated, result.bound = True, "max_depth"
                 result.depth = max(result.depth, depth + 1)
+                graph.partial = True
             else:
-                queue.append((out.world, child, depth + 1))
+                queue.append((out.world, child))
             if max_states and result.unique >= max_states:
                 result.truncated, result.bound = True, "max_states"
-                return _finish(result, start, canon, parents, keep_fingerprints)
+                return _finish(result, start, canon, graph, keep_fingerprints)
+        graph.close_edges()
         now = time.monotonic()
         if progress is not None and now - last_report >= 1.0:
             last_report = now
@@ -161,9 +160,9 @@ def explore(
                 }
             )
     if result.truncated:  # a depth bound: the graph is partial, its properties undecided
-        return _finish(result, start, canon, parents, keep_fingerprints)
+        return _finish(result, start, canon, graph, keep_fingerprints)
     if result.violation is None or not stop_on_violation:
-        entry = _cycle_entry(timeless)
+        entry = graph.cycle_entry()
         if entry is not None:
             v = Violation(
                 LIVELOCK,
@@ -172,18 +171,18 @@ def explore(
                 "counterexample leads to a world on the cycle",
             )
             if violations_out is not None:
-                violations_out.append((v, _path(parents, entry)))
+                violations_out.append((v, graph.path(entry)))
             if result.violation is None:
-                result.violation, result.path = v, _path(parents, entry)
-        doomed = calm.doomed(parents)
-        if doomed is not None:
-            target, problems = doomed
-            v = calls_end_violation(problems)
+                result.violation, result.path = v, graph.path(entry)
+        target = graph.doomed()
+        if target is not None:
+            path = graph.path(target)
+            v = calls_end_violation(unfinished_calls(replay(cfg, path)[1], cfg))
             if violations_out is not None:
-                violations_out.append((v, _path(parents, target)))
+                violations_out.append((v, path))
             if result.violation is None:
-                result.violation, result.path = v, _path(parents, target)
-    return _finish(result, start, canon, parents, keep_fingerprints)
+                result.violation, result.path = v, path
+    return _finish(result, start, canon, graph, keep_fingerprints)
 
 
 _FAULT_MOVES = frozenset(
@@ -201,117 +200,177 @@ def calls_end_violation(problems: list[str]) -> Violation:
     )
 
 
-class _CallsEnd:
-    """The general liveness property, after the last fault.
+_ESCAPE = -1
+"""In the graph of moves that inject no fault: the end of a move that raised a safety
+violation (that run is reported by its own property, so it counts as an escape)."""
 
-    A world is *acceptable* when :func:`unfinished_calls` finds nothing wrong in it. A
-    world (reached with or without faults) is *doomed* when no sequence of moves that
-    inject no fault leads from it to an acceptable world: every fair continuation without
-    further faults ends (in a bottom strongly connected component of the finite graph)
-    among unacceptable worlds, so some call never ends as specified. A move that raised a
-    safety violation counts as an escape (that run is reported by its own property).
+_PROBLEM, _LASTING, _QUIET = 1, 2, 4
+"""Flags of an expanded world: some call has not ended as specified; one ended wrongly
+(a problem that can never go away); only time can pass."""
+
+
+class _Graph:
+    """The explored graph, numbered and flat, so that a distinct world costs a few dozen
+    bytes besides its fingerprint.
+
+    World ``k`` is the ``k``-th distinct world found; breadth-first search expands worlds
+    in that order, so the successors of world ``k`` are the ``k``-th slice of each edge
+    list (``*_off`` holds the slice starts). Two edge lists: moves that do not advance time
+    (for the livelock check) and moves that inject no fault (for the general liveness
+    property, :meth:`doomed`).
+
+    A parent pointer (world, move) per world makes the explored member of each class
+    exactly the world reached by applying the recorded moves to the initial world, so a
+    path is a list of concrete moves that :func:`replay` re-executes.
     """
 
-    def __init__(self) -> None:
-        self.reverse: dict[bytes, list[bytes]] = {}
-        self.problems: dict[bytes, list[str]] = {}
-        self.quiet: set[bytes] = set()
-        """Worlds where only time can pass."""
-        self.lasting: set[bytes] = set()
-        """Worlds with a problem that can never go away (a call ended wrongly)."""
-        self.good: list[bytes] = [b""]  # b"" stands for "a safety violation ended the run"
-        self.seen: set[bytes] = set()
+    def __init__(self, fp0: bytes) -> None:
+        self.partial = False
+        """Some world was left unexpanded (a depth bound): the edge lists and flags are
+        then not kept (the graph properties are not decided on a partial graph)."""
+        self.ids: dict[bytes, int] = {fp0: 0}
+        self.fps: list[bytes] = [fp0]
+        self.parent = array("i", [-1])
+        self.via = array("H", [0])
+        """Index into :attr:`moves` of the move that first reached each world (world 0:
+        none)."""
+        self.moves: list[Move] = []
+        self.move_index: dict[Move, int] = {}
+        self.depth = array("I", [0])
+        self.flags = bytearray()
+        """One byte per expanded world (:data:`_PROBLEM`, :data:`_LASTING`, :data:`_QUIET`)."""
+        self.calm_off = array("q", [0])
+        self.calm_dst = array("i")
+        self.timeless_off = array("q", [0])
+        self.timeless_dst = array("i")
 
-    def add_world(self, fp: bytes, world: World, cfg: ModelConfig) -> None:
-        if fp in self.seen:
+    def add(self, fp: bytes, parent: int, move: Move) -> tuple[int, bool]:
+        """The number of the world with fingerprint ``fp``, and whether it is new."""
+        known = self.ids.get(fp)
+        if known is not None:
+            return known, False
+        new = len(self.fps)
+        self.ids[fp] = new
+        self.fps.append(fp)
+        self.parent.append(parent)
+        index = self.move_index.get(move)
+        if index is None:
+            index = self.move_index[move] = len(self.moves)
+            self.moves.append(move)
+        self.via.append(index)
+        self.depth.append(self.depth[parent] + 1)
+        return new, True
+
+    def mark(self, here: int, world: World, moves: list[Move], cfg: ModelConfig) -> None:
+        """Record the general liveness property's view of expanded world ``here``."""
+        if self.partial:
             return
-        self.seen.add(fp)
+        assert here == len(self.flags), "worlds are expanded in the order they are numbered"
         problems = unfinished_calls(world, cfg)
+        flags = 0
         if problems:
-            self.problems[fp] = problems
+            flags = _PROBLEM
             if any(p.startswith(ENDED_WRONGLY) for p in problems):
-                self.lasting.add(fp)
-            if all(m.kind == "tick" for m in enabled(world, cfg)):
-                self.quiet.add(fp)
-        else:
-            self.good.append(fp)
+                flags |= _LASTING
+            if all(m.kind == "tick" for m in moves):
+                flags |= _QUIET
+        self.flags.append(flags)
 
-    def add_edge(self, parent: bytes, child: bytes | None) -> None:
-        self.reverse.setdefault(b"" if child is None else child, []).append(parent)
+    def close_edges(self) -> None:
+        """End the edge slices of the world just expanded."""
+        if self.partial:
+            self.calm_dst, self.timeless_dst = array("i"), array("i")
+            return
+        self.calm_off.append(len(self.calm_dst))
+        self.timeless_off.append(len(self.timeless_dst))
 
-    def doomed(
-        self, parents: dict[bytes, tuple[bytes, Move] | None]
-    ) -> tuple[bytes, list[str]] | None:
-        """A doomed world and its problems (None if there is none): the one with the
-        shortest path among those where a call ended wrongly (visible at once), else
-        among those where only time can pass (the stuck call is plain to see), else
-        among all doomed worlds."""
-        alive: set[bytes] = set(self.good)
-        stack = list(self.good)
+    def path(self, k: int) -> list[Move]:
+        moves: list[Move] = []
+        while k > 0:  # bounded: each step goes one breadth-first level up
+            moves.append(self.moves[self.via[k]])
+            k = self.parent[k]
+        moves.reverse()
+        return moves
+
+    def cycle_entry(self) -> int | None:
+        """A world on some cycle of timeless moves (iterative three-colour depth-first
+        search, roots in fingerprint order), or None."""
+        off, dst = self.timeless_off, self.timeless_dst
+        expanded = len(off) - 1
+        colour = bytearray(len(self.fps))  # 1 on the stack, 2 done
+        roots = sorted(
+            (k for k in range(expanded) if off[k + 1] > off[k]), key=self.fps.__getitem__
+        )
+        for root in roots:
+            if colour[root]:
+                continue
+            stack: list[tuple[int, int]] = [(root, off[root])]
+            colour[root] = 1
+            while stack:  # bounded: every world is pushed once
+                node, index = stack[-1]
+                if node < expanded and index < off[node + 1]:
+                    stack[-1] = (node, index + 1)
+                    child = dst[index]
+                    if colour[child] == 1:
+                        return child
+                    if not colour[child]:
+                        colour[child] = 1
+                        stack.append((child, off[child] if child < expanded else 0))
+                else:
+                    colour[node] = 2
+                    stack.pop()
+        return None
+
+    def doomed(self) -> int | None:
+        """A doomed world (None if there is none): one with a problem from which no
+        sequence of moves that inject no fault reaches a world without one. Among them
+        the shortest path (then the smallest fingerprint) of those where a call ended
+        wrongly (visible at once), else of those where only time can pass (the stuck call
+        is plain to see), else of all."""
+        off, dst, flags = self.calm_off, self.calm_dst, self.flags
+        expanded = len(off) - 1
+        n = len(self.fps)
+        alive = bytearray(n)
+        stack = [k for k in range(expanded) if not flags[k] & _PROBLEM]
+        start = array("q", bytes(8 * (n + 1)))  # reverse edges, grouped by target
+        for target in dst:
+            if target != _ESCAPE:
+                start[target + 1] += 1
+        for k in range(n):
+            start[k + 1] += start[k]
+        fill = array("q", start)
+        sources = array("i", bytes(4 * start[n]))
+        for k in range(expanded):
+            for index in range(off[k], off[k + 1]):
+                target = dst[index]
+                if target == _ESCAPE:
+                    stack.append(k)
+                else:
+                    sources[fill[target]] = k
+                    fill[target] += 1
+        for k in stack:
+            alive[k] = 1
         while stack:  # bounded: every world is pushed at most once
             node = stack.pop()
-            for parent in self.reverse.get(node, ()):
-                if parent not in alive:
-                    alive.add(parent)
-                    stack.append(parent)
-        bad = [fp for fp in self.problems if fp not in alive]
+            for index in range(start[node], start[node + 1]):
+                source = sources[index]
+                if not alive[source]:
+                    alive[source] = 1
+                    stack.append(source)
+        bad = [k for k in range(expanded) if flags[k] & _PROBLEM and not alive[k]]
         if not bad:
             return None
-        lasting = [fp for fp in bad if fp in self.lasting]
-        quiet = [fp for fp in bad if fp in self.quiet]
-        pick = min(lasting or quiet or bad, key=lambda fp: (len(_path(parents, fp)), fp))
-        return pick, self.problems[pick]
+        lasting = [k for k in bad if flags[k] & _LASTING]
+        quiet = [k for k in bad if flags[k] & _QUIET]
+        return min(lasting or quiet or bad, key=lambda k: (self.depth[k], self.fps[k]))
 
 
-def _cycle_entry(edges: dict[bytes, list[bytes]]) -> bytes | None:
-    """A node on some cycle of ``edges`` (iterative three-colour DFS), or None."""
-    colour: dict[bytes, int] = {}  # 1 on the stack, 2 done
-    for root in sorted(edges):
-        if root in colour:
-            continue
-        stack: list[tuple[bytes, int]] = [(root, 0)]
-        colour[root] = 1
-        while stack:  # bounded: every node is pushed once
-            node, index = stack[-1]
-            children = edges.get(node, [])
-            if index < len(children):
-                stack[-1] = (node, index + 1)
-                child = children[index]
-                state = colour.get(child)
-                if state == 1:
-                    return child
-                if state is None:
-                    colour[child] = 1
-                    stack.append((child, 0))
-            else:
-                colour[node] = 2
-                stack.pop()
-    return None
-
-
-def _finish(
-    result: Result,
-    start: float,
-    canon: Canon,
-    parents: dict[bytes, tuple[bytes, Move] | None],
-    keep: bool,
-) -> Result:
+def _finish(result: Result, start: float, canon: Canon, graph: _Graph, keep: bool) -> Result:
     result.seconds = time.monotonic() - start
     result.fallbacks = canon.fallbacks
     if keep:
-        result.fingerprints = set(parents)
+        result.fingerprints = set(graph.ids)
     return result
-
-
-def _path(parents: dict[bytes, tuple[bytes, Move] | None], fp: bytes) -> list[Move]:
-    moves: list[Move] = []
-    cursor = parents[fp]
-    while cursor is not None:  # bounded: each step goes one BFS level up
-        parent, move = cursor
-        moves.append(move)
-        cursor = parents[parent]
-    moves.reverse()
-    return moves
 
 
 def simulate(

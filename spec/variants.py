@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 
 from spec.effects import (
@@ -151,9 +152,10 @@ class Variant:
     def table(self, op: Op) -> Table:
         return self.tables[op]
 
-    @property
+    @cached_property
     def announces(self) -> bool:
-        """True when some guard looks at announcements (the node announces and folds)."""
+        """True when some guard looks at announcements (the node announces and folds).
+        Computed once: the tables of a variant never change."""
         return any(
             lit.atom in (Atom.ANNOUNCED, Atom.FOLD_DUE)
             for table in self.tables.values()
