@@ -352,6 +352,21 @@ class _CountingWaits(MemoryStore):
         super().wait(keys, timeout)
 
 
+def _pair_member(store: Store, clock: Any, join_timeout: float) -> DynamicRendezvousHandler:
+    """One handler of a min = max = 2 job "job" on ``store`` (no state cache, so every
+    call reads the store)."""
+    return DynamicRendezvousHandler.from_backend(
+        "job",
+        store,
+        StoreRendezvousBackend(store, "job"),
+        2,
+        2,
+        timeout=RendezvousTimeout(join=timedelta(seconds=join_timeout)),
+        clock=clock,
+        cache_duration=0,
+    )
+
+
 def test_a_bootstrap_wait_on_a_fake_clock_nobody_advances_ends_after_its_slices() -> None:
     # Rank 0 never publishes and nobody moves the clock, so the deadline never comes: the
     # number of slices the budget allows must end the wait, with the timeout error.
@@ -360,20 +375,8 @@ def test_a_bootstrap_wait_on_a_fake_clock_nobody_advances_ends_after_its_slices(
     bound = rdzv.handler.max_slices(clock, budget)
     assert bound == math.ceil(budget / clock.max_real_wait(rdzv.handler.MAX_WAIT_SLICE)) + 1
     store = _CountingWaits(limit=bound)
-
-    def make() -> DynamicRendezvousHandler:
-        return DynamicRendezvousHandler.from_backend(
-            "job",
-            store,
-            StoreRendezvousBackend(store, "job"),
-            2,
-            2,
-            timeout=RendezvousTimeout(join=timedelta(seconds=budget)),
-            clock=clock,
-            cache_duration=0,
-        )
-
-    lead, b = make(), make()  # lead first: the smaller node id, rank 0
+    # lead first: the smaller node id, rank 0
+    lead, b = _pair_member(store, clock, budget), _pair_member(store, clock, budget)
     with shut_down(lead, b):
         driver = lead.driver
         driver.start(Op.JOIN, driver.deadline_after(int(budget * 1000)))
@@ -618,20 +621,8 @@ def _two_joined(
     store: Store, clock: Any = None, join_timeout: float = JOIN_TIMEOUT
 ) -> tuple[DynamicRendezvousHandler, DynamicRendezvousHandler, RendezvousInfo]:
     """Two handlers that joined round 0 together (rank 0 first), and the member's info."""
-
-    def make() -> DynamicRendezvousHandler:
-        return DynamicRendezvousHandler.from_backend(
-            "job",
-            store,
-            StoreRendezvousBackend(store, "job"),
-            2,
-            2,
-            timeout=RendezvousTimeout(join=timedelta(seconds=join_timeout)),
-            clock=clock,
-            cache_duration=0,
-        )
-
-    lead, member = make(), make()
+    lead = _pair_member(store, clock, join_timeout)
+    member = _pair_member(store, clock, join_timeout)
     first, second = Call(lead.next_rendezvous, "lead"), Call(member.next_rendezvous, "member")
     assert isinstance(first.result(), RendezvousInfo)
     info = second.result()
