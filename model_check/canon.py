@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 from model_check.model import (
@@ -477,19 +477,37 @@ class Canon:
     cfg: ModelConfig
     calls: int = 0
     fallbacks: int = 0
-    """Worlds whose search stopped at :data:`MAX_LEAVES` (encoding perhaps not minimal)."""
+    """Searches that stopped at :data:`MAX_LEAVES` (encoding perhaps not minimal; a world
+    whose fingerprint is cached is not searched again)."""
     permuted: int = 0
     """Worlds whose search compared more than one leaf."""
+    cache: dict[tuple[object, ...], bytes] = field(default_factory=dict, repr=False)
+    """Fingerprints by the world's records as they are, faults used and shutdowns (what
+    the encoding is computed from): breadth-first search reaches the same world along many
+    interleavings, and a hit skips the labelling search. Cleared when it holds
+    :data:`CACHE_LIMIT` entries."""
 
     def fingerprint(self, world: World) -> bytes:
-        return _digest(self.encoding(world))
+        fixed, procs = _records(world, self.cfg, False)
+        key = (*fixed, *procs, world.used, world.closes)
+        fp = self.cache.get(key)
+        if fp is None:
+            if len(self.cache) >= CACHE_LIMIT:
+                self.cache.clear()
+            fp = self.cache[key] = _digest(self._encode(fixed, procs, world))
+        return fp
 
     def encoding(self, world: World) -> tuple[object, ...]:
+        return self._encode(*_records(world, self.cfg, False), world)
+
+    def _encode(
+        self, fixed: list[_Record | None], procs: list[_Record], world: World
+    ) -> tuple[object, ...]:
         self.calls += 1
-        search = _Search(*_records(world, self.cfg, False))
-        fixed, procs = search.run()
+        search = _Search(fixed, procs)
+        canon_fixed, canon_procs = search.run()
         if search.leaves > 1:
             self.permuted += 1
         if search.leaves >= MAX_LEAVES:
             self.fallbacks += 1
-        return (fixed, procs, world.used, world.closes)
+        return (canon_fixed, canon_procs, world.used, world.closes)

@@ -1067,6 +1067,24 @@ def test_a_search_cut_short_is_counted_and_still_tells_worlds_apart(
     assert canon.fallbacks == 2
 
 
+def test_a_cached_fingerprint_is_reused_and_still_tells_worlds_apart() -> None:
+    cfg = _hardened(nodes=3, min_nodes=2, max_nodes=3)
+    canon = Canon(cfg)
+    world = _ring([1, 2, 0], [7] * 3)
+    fp = canon.fingerprint(world)
+    assert canon.fingerprint(world) == fp == canon.fingerprint(dataclasses.replace(world))
+    assert canon.calls == 1  # searched once: the equal worlds hit the cache
+    others = [
+        dataclasses.replace(world, used=(1, 0, 0, 0, 0)),
+        dataclasses.replace(world, closes=1),
+        _ring([1, 2, 0], [7, 7, 6]),
+    ]
+    fps = [canon.fingerprint(w) for w in others]
+    assert len({fp, *fps}) == 4
+    assert canon.calls == 4
+    assert fps == [Canon(cfg).fingerprint(w) for w in others]
+
+
 ring = st.tuples(
     st.lists(st.integers(min_value=0, max_value=4), min_size=5, max_size=5),
     st.lists(st.integers(min_value=0, max_value=1), min_size=5, max_size=5),
