@@ -3,9 +3,10 @@
 Exit codes: 0 every property holds in the explored space, 1 a violation was found (or a
 replayed trace reproduced its violation, or fired another one), 2 bad usage (or a
 ``--workers`` walk's process died, so there is no verdict), 3 a
-``--max-states`` or ``--max-depth`` bound cut the search before it was exhaustive and no
-violation was found in the explored part. A violation is always printed: if its trace file
-cannot be written, the run says so on stderr and still exits 1.
+``--max-states`` or ``--max-depth`` bound, or an interruption (Ctrl-C or SIGTERM), cut the
+search before it was exhaustive and no violation was found in the explored part. A
+violation is always printed: if its trace file cannot be written, the run says so on
+stderr and still exits 1.
 
 ``python -m model_check prove ...`` hands over to :mod:`model_check.prove` when that
 module is installed.
@@ -14,12 +15,15 @@ module is installed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
 import resource
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -379,6 +383,53 @@ def _fmt(v: object) -> str:
     return f'"{text}"' if " " in text else text
 
 
+UNDECIDED = "livelock and calls_end_as_specified need the whole space and were not decided"
+
+
+def bound_line(r: Result, params: dict[str, Any]) -> str:
+    """What a search cut short did check (a bound, or an interruption)."""
+    if r.bound == "interrupted-graph":
+        return (
+            "BOUND REACHED: interrupted after the search, while deciding the graph "
+            f"properties: every reachable world ({r.unique} distinct) was checked for the "
+            f"safety properties, with no violation; {UNDECIDED}"
+        )
+    runs = f"every run of at most {r.checked_depth} moves was checked"
+    if r.bound == "interrupted":
+        return (
+            f"BOUND REACHED: interrupted (Ctrl-C or SIGTERM) after {r.seconds:.0f} s: {runs}, "
+            f"with no violation ({r.unique} distinct worlds seen); {UNDECIDED}"
+        )
+    if r.bound == "max_states":
+        return (
+            f"BOUND REACHED: --max-states={params['max_states']} stopped the search before "
+            f"it was exhaustive ({runs}); no violation in the explored part"
+        )
+    return (
+        f"BOUND REACHED: --max-depth={params['max_depth']} stopped the search before it "
+        f"was exhaustive ({runs}; {UNDECIDED}); no violation in the explored part"
+    )
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """While searching, SIGTERM stops the search like Ctrl-C, so that ``timeout`` or a job
+    scheduler gets the partial result too (in the main thread only: elsewhere signal
+    handlers cannot be set, and SIGTERM keeps its default)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def summary_line(r: Result, *, complete: bool) -> str:
     status = "violation" if r.violation else ("complete" if complete else "bound-reached")
     return (
@@ -637,15 +688,16 @@ def _main(args: list[str]) -> int:
     progress = None if ns.quiet else _progress
     found: list[tuple[Violation, list[Move]]] = []
     if ns.mode == "exhaustive":
-        result = explore(
-            cfg,
-            symmetry=params["symmetry"] == "on",
-            stop_on_violation=not ns.keep_going,
-            violations_out=found,
-            max_states=int(params["max_states"]) if params["max_states"] != "none" else 0,
-            max_depth=int(params.get("max_depth", 0)),
-            progress=progress,
-        )
+        with _terminate_as_interrupt():
+            result = explore(
+                cfg,
+                symmetry=params["symmetry"] == "on",
+                stop_on_violation=not ns.keep_going,
+                violations_out=found,
+                max_states=int(params["max_states"]) if params["max_states"] != "none" else 0,
+                max_depth=int(params.get("max_depth", 0)),
+                progress=progress,
+            )
         complete = not result.truncated
     else:
         from model_check.parallel import run_random
@@ -682,6 +734,8 @@ def _main(args: list[str]) -> int:
             "depth": result.depth,
             "sec": round(result.seconds, 3),
             "complete": complete,
+            "bound": result.bound or None,
+            "checked_depth": result.checked_depth if result.truncated else None,
             "random_ends": None if ns.mode == "exhaustive" else _ends(result, cfg),
             "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         }
@@ -704,17 +758,7 @@ def _main(args: list[str]) -> int:
             else:
                 print(f"trace: not written ({trace_error})")
         elif not complete:
-            bound = (
-                f"--max-states={params['max_states']}"
-                if result.bound == "max_states"
-                else f"--max-depth={params['max_depth']} (every run of at most that many "
-                "moves was checked; livelock and calls_end_as_specified need the whole "
-                "space and were not decided)"
-            )
-            print(
-                f"BOUND REACHED: {bound} stopped the search before "
-                "it was exhaustive; no violation in the explored part"
-            )
+            print(bound_line(result, params))
         if ns.mode == "random":
             ends = _ends(result, cfg)
             print(

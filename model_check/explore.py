@@ -53,7 +53,12 @@ class Result:
     truncated: bool = False
     """True when a bound stopped the search before it was exhaustive."""
     bound: str = ""
-    """Which bound did (``"max_states"`` or ``"max_depth"``)."""
+    """Which bound did: ``"max_states"``, ``"max_depth"``, ``"interrupted"`` (Ctrl-C or
+    SIGTERM during the search) or ``"interrupted-graph"`` (after the search, while the
+    graph properties were being decided)."""
+    checked_depth: int = 0
+    """When a bound stopped the search: every run of at most this many moves was checked
+    for the safety properties (after ``"interrupted-graph"``: every reachable world)."""
     fallbacks: int = 0
     episodes: int = 0
     fingerprints: set[bytes] | None = None
@@ -101,88 +106,102 @@ def explore(
     result = Result(unique=1)
     last_report = start
     seen_violations: set[str] = set()
-    while queue:  # bounded: every distinct world is queued at most once
-        world, here = queue.popleft()
-        depth = graph.depth[here]
-        result.depth = max(result.depth, depth)
-        moves = enabled(world, cfg)
-        graph.mark(here, world, moves, cfg)
-        for move in moves:
-            out = apply(world, move, cfg)
-            result.states += 1
-            calm_edge = move.kind not in _FAULT_MOVES
-            if out.violations:
+    depth = 0
+    searching = True
+    try:
+        while queue:  # bounded: every distinct world is queued at most once
+            world, here = queue.popleft()
+            depth = graph.depth[here]
+            result.depth = max(result.depth, depth)
+            moves = enabled(world, cfg)
+            graph.mark(here, world, moves, cfg)
+            for move in moves:
+                out = apply(world, move, cfg)
+                result.states += 1
+                calm_edge = move.kind not in _FAULT_MOVES
+                if out.violations:
+                    if calm_edge:
+                        graph.calm_dst.append(_ESCAPE)
+                    path = [*graph.path(here), move]
+                    for v in out.violations:
+                        if v.name in seen_violations:
+                            continue
+                        seen_violations.add(v.name)
+                        if violations_out is not None:
+                            violations_out.append((v, path))
+                        if result.violation is None:
+                            result.violation, result.path = v, path
+                    if stop_on_violation:
+                        return _finish(result, start, canon, graph, keep_fingerprints)
+                    continue
+                child, new = graph.add(fp_of(out.world), here, move)
                 if calm_edge:
-                    graph.calm_dst.append(_ESCAPE)
-                path = [*graph.path(here), move]
-                for v in out.violations:
-                    if v.name in seen_violations:
-                        continue
-                    seen_violations.add(v.name)
-                    if violations_out is not None:
-                        violations_out.append((v, path))
-                    if result.violation is None:
-                        result.violation, result.path = v, path
-                if stop_on_violation:
+                    graph.calm_dst.append(child)
+                if move.kind != "tick":
+                    graph.timeless_dst.append(child)
+                if not new:
+                    continue
+                result.unique += 1
+                if visit is not None:
+                    visit(out.world)
+                if max_depth and depth + 1 >= max_depth and enabled(out.world, cfg):
+                    # A world at the depth bound: checked when it was made, never expanded.
+                    result.truncated, result.bound = True, "max_depth"
+                    result.depth = max(result.depth, depth + 1)
+                    result.checked_depth = max_depth
+                    graph.partial = True
+                else:
+                    queue.append((out.world, child))
+                if max_states and result.unique >= max_states:
+                    result.truncated, result.bound = True, "max_states"
+                    result.checked_depth = depth
                     return _finish(result, start, canon, graph, keep_fingerprints)
-                continue
-            child, new = graph.add(fp_of(out.world), here, move)
-            if calm_edge:
-                graph.calm_dst.append(child)
-            if move.kind != "tick":
-                graph.timeless_dst.append(child)
-            if not new:
-                continue
-            result.unique += 1
-            if visit is not None:
-                visit(out.world)
-            if max_depth and depth + 1 >= max_depth and enabled(out.world, cfg):
-                # A world at the depth bound: checked when it was made, never expanded.
-                result.truncated, result.bound = True, "max_depth"
-                result.depth = max(result.depth, depth + 1)
-                graph.partial = True
-            else:
-                queue.append((out.world, child))
-            if max_states and result.unique >= max_states:
-                result.truncated, result.bound = True, "max_states"
-                return _finish(result, start, canon, graph, keep_fingerprints)
-        graph.close_edges()
-        now = time.monotonic()
-        if progress is not None and now - last_report >= 1.0:
-            last_report = now
-            progress(
-                {
-                    "states": result.states,
-                    "unique": result.unique,
-                    "depth": depth,
-                    "queue": len(queue),
-                    "states/s": result.states / max(now - start, 1e-9),
-                }
-            )
-    if result.truncated:  # a depth bound: the graph is partial, its properties undecided
+            graph.close_edges()
+            now = time.monotonic()
+            if progress is not None and now - last_report >= 1.0:
+                last_report = now
+                progress(
+                    {
+                        "states": result.states,
+                        "unique": result.unique,
+                        "depth": depth,
+                        "queue": len(queue),
+                        "states/s": result.states / max(now - start, 1e-9),
+                    }
+                )
+        searching = False
+        if result.truncated:  # a depth bound: the graph is partial, its properties undecided
+            return _finish(result, start, canon, graph, keep_fingerprints)
+        if result.violation is None or not stop_on_violation:
+            entry = graph.cycle_entry()
+            if entry is not None:
+                v = Violation(
+                    LIVELOCK,
+                    "a cycle of moves that never advances time is reachable: the processes "
+                    "keep working (e.g. conflicting writes) without anybody progressing; the "
+                    "counterexample leads to a world on the cycle",
+                )
+                if violations_out is not None:
+                    violations_out.append((v, graph.path(entry)))
+                if result.violation is None:
+                    result.violation, result.path = v, graph.path(entry)
+            target = graph.doomed()
+            if target is not None:
+                path = graph.path(target)
+                v = calls_end_violation(unfinished_calls(replay(cfg, path)[1], cfg))
+                if violations_out is not None:
+                    violations_out.append((v, path))
+                if result.violation is None:
+                    result.violation, result.path = v, path
         return _finish(result, start, canon, graph, keep_fingerprints)
-    if result.violation is None or not stop_on_violation:
-        entry = graph.cycle_entry()
-        if entry is not None:
-            v = Violation(
-                LIVELOCK,
-                "a cycle of moves that never advances time is reachable: the processes "
-                "keep working (e.g. conflicting writes) without anybody progressing; the "
-                "counterexample leads to a world on the cycle",
-            )
-            if violations_out is not None:
-                violations_out.append((v, graph.path(entry)))
-            if result.violation is None:
-                result.violation, result.path = v, graph.path(entry)
-        target = graph.doomed()
-        if target is not None:
-            path = graph.path(target)
-            v = calls_end_violation(unfinished_calls(replay(cfg, path)[1], cfg))
-            if violations_out is not None:
-                violations_out.append((v, path))
-            if result.violation is None:
-                result.violation, result.path = v, path
-    return _finish(result, start, canon, graph, keep_fingerprints)
+    except KeyboardInterrupt:
+        # Ctrl-C (or SIGTERM, which the command line turns into the same): what was
+        # searched still counts. Every world of a depth below the one being expanded was
+        # expanded, so every run of at most ``depth`` moves was checked.
+        result.truncated = True
+        result.bound = "interrupted" if searching else "interrupted-graph"
+        result.checked_depth = depth if searching else result.depth
+        return _finish(result, start, canon, graph, keep_fingerprints)
 
 
 _FAULT_MOVES = frozenset(

@@ -11,17 +11,22 @@ import itertools
 import json
 import os
 import re
+import selectors
+import signal
 import subprocess
 import sys
+import time
 import types
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import model_check.canon as canon_module
+import model_check.explore as explore_module
 import spec
 from model_check.__main__ import main
 from model_check.canon import ENCODED_FIELDS, Canon, plain_fingerprint
@@ -399,6 +404,98 @@ def test_max_depth_checks_every_run_up_to_the_bound(
     assert not bounded.truncated and bounded.unique == whole.unique
     cut = explore(_cfg(nodes=2, min_nodes=1, max_nodes=2), max_depth=whole.depth - 1)
     assert cut.truncated and cut.unique < whole.unique
+
+
+def test_an_interrupted_search_keeps_what_it_checked() -> None:
+    cfg = _hardened(nodes=3, min_nodes=2, max_nodes=3, faults=Faults(crash=1))
+    whole = explore(cfg, keep_fingerprints=True)
+    assert not whole.truncated and whole.unique > 500
+    seen = 0
+
+    def interrupt_at_300(world: World) -> None:
+        nonlocal seen
+        seen += 1
+        if seen == 300:
+            raise KeyboardInterrupt
+
+    cut = explore(cfg, keep_fingerprints=True, visit=interrupt_at_300)
+    assert cut.truncated and cut.bound == "interrupted" and cut.violation is None
+    assert 0 < cut.checked_depth < whole.depth and cut.unique == 300
+    # The claim "every run of at most D moves was checked" is exactly --max-depth D's part.
+    bounded = explore(cfg, keep_fingerprints=True, max_depth=cut.checked_depth)
+    assert bounded.fingerprints is not None and cut.fingerprints is not None
+    assert bounded.fingerprints <= cut.fingerprints
+    deeper = explore(cfg, keep_fingerprints=True, max_depth=cut.checked_depth + 2)
+    assert deeper.fingerprints is not None and not deeper.fingerprints <= cut.fingerprints
+
+
+def test_an_interrupt_while_deciding_the_graph_properties_keeps_the_whole_search(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cfg = _hardened(nodes=3, min_nodes=2, max_nodes=3, faults=Faults(crash=1))
+    whole = explore(cfg)
+
+    def interrupted(self: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(explore_module._Graph, "doomed", interrupted)
+    cut = explore(cfg)
+    assert cut.truncated and cut.bound == "interrupted-graph"
+    assert (cut.unique, cut.states, cut.checked_depth) == (whole.unique, whole.states, whole.depth)
+
+
+def _wait_for(stream: IO[bytes], marker: bytes, within_s: float) -> None:
+    """Read ``stream`` until ``marker`` shows, for at most ``within_s`` seconds."""
+    seen = b""
+    deadline = time.monotonic() + within_s
+    with selectors.DefaultSelector() as selector:
+        selector.register(stream, selectors.EVENT_READ)
+        while marker not in seen:  # bounded by the deadline
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {marker!r} within {within_s} s: {seen[-500:]!r}"
+            if selector.select(timeout=left):
+                chunk = os.read(stream.fileno(), 4096)
+                assert chunk, f"the stream ended before {marker!r}: {seen[-500:]!r}"
+                seen += chunk
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_the_command_line_reports_an_interrupted_search(signal_name: str) -> None:
+    # Hardened at N = 3 with every fault takes over 20 minutes: stopped at its first
+    # progress line, it must say how far it checked and exit 3.
+    args = "--protocol hardened --nodes 3 --crash 1 --restart-new 1 --cas-unknown 1"
+    argv = [*args.split(), "--store-down", "1", "--skew", "4"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "model_check", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+        # A job started in the background of a script inherits SIGINT ignored; Ctrl-C
+        # reaches a foreground run, which this one stands for.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        assert proc.stderr is not None
+        _wait_for(proc.stderr, b"progress ", within_s=120.0)
+        proc.send_signal(getattr(signal, signal_name))
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = out.decode()
+    assert proc.returncode == 3, text
+    match = re.search(
+        r"BOUND REACHED: interrupted \(Ctrl-C or SIGTERM\) after \d+ s: every "
+        r"run of at most (\d+) moves was checked, with no violation",
+        text,
+    )
+    assert match is not None, text
+    summary = _summary(text)
+    assert summary["result"] == "bound-reached"
+    assert 0 < int(match.group(1)) <= int(summary["depth"])
 
 
 @pytest.mark.parametrize(
