@@ -383,6 +383,10 @@ def _fmt(v: object) -> str:
     return f'"{text}"' if " " in text else text
 
 
+INTERRUPTED_EXIT = 130
+"""Exit code of a random walk or replay stopped by Ctrl-C or SIGTERM (128 + SIGINT, as
+shells report it)."""
+
 UNDECIDED = "livelock and calls_end_as_specified need the whole space and were not decided"
 
 
@@ -661,6 +665,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"model_check: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # An exhaustive search reports its partial result itself (exit 3); a random walk
+        # or a replay has nothing to report until it ends.
+        print("model_check: interrupted; no result", file=sys.stderr)
+        return INTERRUPTED_EXIT
 
 
 def _main(args: list[str]) -> int:

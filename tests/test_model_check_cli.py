@@ -420,3 +420,19 @@ def test_prove_without_z3_is_a_setup_error(monkeypatch: pytest.MonkeyPatch, caps
 
 def test_an_empty_replay_path_is_not_a_search(capsys: Capsys) -> None:
     assert "cannot read trace" in _usage_error(["--replay", ""], capsys)
+
+
+def test_an_interrupted_random_walk_says_so_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: Capsys
+) -> None:
+    import model_check.parallel
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(model_check.parallel, "run_random", interrupted)
+    assert main(["--mode", "random", "--nodes", "4", "--quiet"]) == 130
+    out, err = capsys.readouterr()
+    assert err == "model_check: interrupted; no result\n"
+    assert out.startswith("model_check protocol=")
+    assert not any(line.startswith("states=") for line in out.splitlines())  # no summary
