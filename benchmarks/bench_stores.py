@@ -6,16 +6,21 @@ started on loopback in a temporary directory and stopped afterwards; see
 with its own store connection) call ``next_rendezvous`` at one instant (the timing is
 ``bench_handler.rdzv_threads``), once per protocol (``hardened``, the handler's default,
 and ``scale``, which joins through an announcement set); the table shows the time until
-the last returned and, per node, the reads and compare-and-set attempts it made. A second
-table times single store operations (one thread, loopback).
+the last returned and, per node, the reads and compare-and-set attempts it made. With
+``--repeat K`` each row is K rounds (a fresh run id each): ``seconds`` is then their
+median and ``max s`` the slowest, the column that shows a round stalled until a timeout
+(the reads and CAS columns are means over the K rounds). A second table times single
+store operations (one thread, loopback).
 
     python3 benchmarks/bench_stores.py                    # N = 8, 32, 128
     python3 benchmarks/bench_stores.py --sizes 8 --stores redis,etcd --protocols hardened
+    python3 benchmarks/bench_stores.py --sizes 8,16 --stores redis --repeat 100
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -37,6 +42,8 @@ STORES = ("memory", "sqlite", "redis", "etcd")
 PROTOCOLS = ("hardened", "scale")
 OPS = 200
 """Single operations timed per kind and store."""
+MAX_REPEAT = 10_000
+"""Bound on ``--repeat`` (rounds per row)."""
 
 
 @contextmanager
@@ -103,7 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--protocols", default=",".join(PROTOCOLS), help="variant names, comma-separated"
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help=f"rounds per row (1..{MAX_REPEAT}; default 1): median and slowest are shown",
+    )
     args = parser.parse_args(argv)
+    if not 1 <= args.repeat <= MAX_REPEAT:
+        parser.error(f"--repeat must be between 1 and {MAX_REPEAT}, got {args.repeat}")
     sizes = parse_sizes(parser, args.sizes, SIZES)
     stores = tuple(args.stores.split(","))
     protocols = tuple(args.protocols.split(","))
@@ -115,23 +130,32 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             parser.error(f"--protocols: {exc}")
     with tempfile.TemporaryDirectory() as tmp, store_urls(stores, Path(tmp)) as urls:
-        print("rendezvous of N threads (each its own handler and connection)")
+        repeat = args.repeat
+        rounds = "" if repeat == 1 else f", {repeat} rounds per row"
+        print(f"rendezvous of N threads (each its own handler and connection{rounds})")
+        slowest = "" if repeat == 1 else f" {'max s':>9}"
         print(
-            f"{'store':<8} {'protocol':<9} {'N':>5} {'seconds':>9} {'reads/node':>11} "
+            f"{'store':<8} {'protocol':<9} {'N':>5} {'seconds':>9}{slowest} {'reads/node':>11} "
             f"{'CAS/node':>9}"
         )
         for store in stores:
             for protocol in protocols:
                 for n in sizes:
-                    run_id = f"bench-{uuid.uuid4().hex[:8]}"
                     try:
-                        result = rdzv_threads(urls[store], n, run_id, protocol)
+                        results = [
+                            rdzv_threads(urls[store], n, f"bench-{uuid.uuid4().hex[:8]}", protocol)
+                            for _ in range(repeat)
+                        ]
                     except RuntimeError as exc:  # report the row, keep measuring the others
                         print(f"{store:<8} {protocol:<9} {n:>5} failed: {str(exc)[:300]}")
                         continue
+                    seconds = [r.seconds for r in results]
+                    worst = "" if repeat == 1 else f" {max(seconds):>9.3f}"
+                    reads = sum(r.reads for r in results) / repeat
+                    cas = sum(r.cas for r in results) / repeat
                     print(
-                        f"{store:<8} {protocol:<9} {n:>5} {result.seconds:>9.3f} "
-                        f"{result.reads / n:>11.1f} {result.cas / n:>9.1f}",
+                        f"{store:<8} {protocol:<9} {n:>5} {statistics.median(seconds):>9.3f}"
+                        f"{worst} {reads / n:>11.1f} {cas / n:>9.1f}",
                         flush=True,
                     )
         print()

@@ -42,6 +42,30 @@ def test_bench_stores_prints_a_row_per_store_and_protocol() -> None:
     assert re.search(r"^sqlite\s+\d+\.\d{3}\s+\d+\.\d{3}", done.stdout, re.M), done.stdout
 
 
+def test_bench_stores_repeat_shows_the_median_and_the_slowest_round() -> None:
+    done = _run(
+        "bench_stores.py",
+        "--sizes",
+        "2",
+        "--stores",
+        "memory",
+        "--protocols",
+        "hardened",
+        "--repeat",
+        "3",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "3 rounds per row" in done.stdout, done.stdout
+    row = re.compile(
+        r"^memory\s+hardened\s+2\s+(\d+\.\d{3})\s+(\d+\.\d{3})\s+(\d+\.\d)\s+(\d+\.\d)$"
+    )
+    rows = [m.groups() for m in map(row.match, done.stdout.splitlines()) if m]
+    assert len(rows) == 1, done.stdout
+    median, slowest, reads, cas = map(float, rows[0])
+    assert median <= slowest
+    assert reads >= 1.0 and cas >= 1.0  # means over the rounds: every node read and wrote
+
+
 def test_bench_stores_refuses_bad_flags() -> None:
     done = _run("bench_stores.py", "--protocols", "fastest", "--stores", "memory")
     assert done.returncode == 2
@@ -49,6 +73,9 @@ def test_bench_stores_refuses_bad_flags() -> None:
     done = _run("bench_stores.py", "--sizes", "8,x", "--stores", "memory")
     assert done.returncode == 2
     assert "comma-separated integers" in done.stderr
+    done = _run("bench_stores.py", "--sizes", "2", "--stores", "memory", "--repeat", "0")
+    assert done.returncode == 2
+    assert "--repeat must be between 1 and 10000, got 0" in done.stderr
 
 
 def test_bench_handler_runs_threads_and_processes() -> None:
