@@ -1,6 +1,7 @@
-"""Smoke tests of ``benchmarks/bench_stores.py``, ``benchmarks/bench_handler.py`` and
-``benchmarks/bench_model_check.py``: a real quick run of each (the figures themselves are
-for the docs, not asserted), and their refusal of bad flags.
+"""Smoke tests of ``benchmarks/bench_stores.py``, ``benchmarks/bench_handler.py``,
+``benchmarks/bench_model_check.py`` and ``benchmarks/bench_commutation.py``: a real quick
+run of each (the figures themselves are for the docs, not asserted), and their refusal of
+bad flags.
 ``tests/test_bench_scale.py`` covers the scale benchmark."""
 
 from __future__ import annotations
@@ -108,3 +109,36 @@ def test_bench_model_check_quick_prints_both_tables() -> None:
     # Every fault, and still no violation; every walk's end was decided.
     assert [(p, v) for p, v, _, _ in walks] == [("hardened", "none"), ("scale", "none")], out
     assert all(int(checked) >= 1 and undecided == "0" for _, _, checked, undecided in walks)
+
+
+def test_bench_commutation_counts_commuting_pairs_of_moves() -> None:
+    done = _run(
+        "bench_commutation.py",
+        "--walks", "2", "--moves", "40", "--", "--protocol", "hardened", "--nodes", "2",
+        "--crash", "1",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("model: --protocol hardened --nodes 2 --crash 1\n")
+    worlds = re.search(r"worlds with moves of >= 2 processes: (\d+);", done.stdout)
+    assert worlds is not None and int(worlds.group(1)) > 0, done.stdout
+    row = re.compile(r"^  (\w+(?: \w+)?) x (\w+(?: \w+)?)\s+(\d+)\s+(\d+)\s+(\d+)%$")
+    rows: dict[tuple[str, str], tuple[int, int]] = {}
+    for line in done.stdout.splitlines():
+        m = row.match(line)
+        if m:
+            rows[(m.group(1), m.group(2))] = (int(m.group(3)), int(m.group(4)))
+    assert all(k <= n for n, k in rows.values()), rows
+    # Both processes start before time advances, and starting one never changes the other.
+    pairs, commuting = rows[("start", "start")]
+    assert pairs >= 1 and commuting == pairs
+    # One crash budget: a crash disables every other crash, so two never commute.
+    assert rows[("fault", "fault")][1] == 0
+
+
+def test_bench_commutation_refuses_bad_flags() -> None:
+    done = _run("bench_commutation.py", "--walks", "0")
+    assert done.returncode == 2
+    assert "--walks must be between 1 and 10000, got 0" in done.stderr
+    done = _run("bench_commutation.py", "--", "--nodes", "0")
+    assert done.returncode == 2
+    assert "model options --nodes 0: --nodes 0 must be in 1..1024" in done.stderr
