@@ -77,6 +77,10 @@ class RendezvousBackend(ABC):
         """The members of round ``round_``'s announcement set (see :meth:`announce`)."""
         raise self._cannot("announcement sets")
 
+    def announcement_set_name(self, round_: int) -> str:
+        """Where round ``round_``'s announcement set lives, for messages."""
+        return f"round {round_}'s announcement set"
+
     def withdraw(self, round_: int, member: bytes) -> None:
         """Take ``member`` out of round ``round_``'s announcement set (a member that is
         not there is no error; see :meth:`announce`)."""
@@ -217,6 +221,9 @@ class StoreRendezvousBackend(RendezvousBackend):
 
     def _announce_key(self, round_: int) -> str:
         return f"rdzv/{self._run_id}/announce/{round_}"
+
+    def announcement_set_name(self, round_: int) -> str:
+        return f"round {round_}'s announcement set (store set {self._announce_key(round_)!r})"
 
     def announce(self, round_: int, member: bytes) -> int:
         add_member = getattr(self._store, "add_member", None)

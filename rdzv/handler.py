@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import random
+import re
 import secrets
 import socket
 import threading
@@ -64,6 +65,7 @@ from rdzv.errors import (
 from rdzv.store import PrefixStore, Store
 from spec.codec import decode
 from spec.machine import (
+    CORRUPT_ANNOUNCEMENTS,
     Announce,
     Announced,
     AnnouncedMembers,
@@ -544,11 +546,24 @@ class LastDecoded:
 
 
 def _failure_error(
-    fail: Fail, cause: BaseException | None, node: NodeId, run_id: str, key: str
+    fail: Fail,
+    cause: BaseException | None,
+    node: NodeId,
+    run_id: str,
+    key: str,
+    announcement_set: Callable[[int], str],
 ) -> RendezvousError:
     kind = fail.kind
     message = fail.message
-    if kind is FailKind.CORRUPT_STATE:
+    in_set = re.match(rf"{CORRUPT_ANNOUNCEMENTS} (\d+) ", message)
+    if kind is FailKind.CORRUPT_STATE and in_set is not None:
+        message = (
+            f"{message}. In run {run_id!r}, {announcement_set(int(in_set.group(1)))} holds a "
+            f"member that is not an rdzv node identity (another program or rdzv version "
+            f"added it); give this job a run id of its own, or take the member out of the "
+            f"set (the store's remove_member) once no node of the run is alive"
+        )
+    elif kind is FailKind.CORRUPT_STATE:
         message = (
             f"{message}. The store key {key!r} of run {run_id!r} holds bytes that are not an "
             f"rdzv state (another program or rdzv version wrote them); give this job a "
@@ -1049,7 +1064,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
             driver.run()
         except OperationFailed as failed:
             raise _failure_error(
-                failed.fail, failed.cause, self._node, self._settings.run_id, self._state_key()
+                failed.fail,
+                failed.cause,
+                self._node,
+                self._settings.run_id,
+                self._state_key(),
+                self._backend.announcement_set_name,
             ) from failed.cause
 
     def _control_op(self, op: Op) -> RendezvousState:

@@ -86,16 +86,25 @@ def encode_node(node: NodeId) -> bytes:
 
 
 def decode_node(data: bytes) -> NodeId:
-    """The node identity :func:`encode_node` wrote; :class:`CorruptState` otherwise."""
+    """The node identity :func:`encode_node` wrote; :class:`CorruptState` otherwise (like
+    :func:`decode`, nothing else escapes, whatever the bytes)."""
+    shown = bytes(data[:64]) if isinstance(data, bytes | bytearray | memoryview) else data
     try:
         entry = json.loads(
-            data.decode("ascii"),
+            bytes(data).decode("ascii"),
             parse_constant=_reject_constant,
             parse_float=_reject_float,
         )
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise CorruptState(f"a member {data[:64]!r} that is not a node identity ({exc})") from None
-    node, _ = _node(entry, f"member {data[:64]!r}", 0)
+        node, _ = _node(entry, f"member {shown!r}", 0)
+    except CorruptState:
+        raise
+    except RecursionError:
+        raise CorruptState(
+            f"a member {shown!r} that is not a node identity (nested too deeply)"
+        ) from None
+    except Exception as exc:  # the contract: only CorruptState escapes
+        reason = f"{type(exc).__name__}: {str(exc)[:200]}"
+        raise CorruptState(f"a member {shown!r} that is not a node identity ({reason})") from None
     return node
 
 

@@ -455,6 +455,11 @@ def dead_watched(local: Local, mono: Millis, settings: Settings) -> tuple[NodeId
     )
 
 
+CORRUPT_ANNOUNCEMENTS = "the announcement set of round"
+"""How a fold's failure message starts when a member of the set it read is not a node
+identity (then the round number and the member): interpreters use it to name the set."""
+
+
 def _fold(local: Local, event: AnnouncedMembers, config: Config) -> Step:
     action = local.folding
     assert action is not None
@@ -462,7 +467,8 @@ def _fold(local: Local, event: AnnouncedMembers, config: Config) -> Step:
         members = tuple(decode_node(m) for m in event.members)
     except CorruptState as exc:
         failed = replace(local, folding=None)
-        return _fail(failed, FailKind.CORRUPT_STATE, f"the announcement set holds {exc}")
+        message = f"{CORRUPT_ANNOUNCEMENTS} {local.view.round} holds {exc}"
+        return _fail(failed, FailKind.CORRUPT_STATE, message)
     fold = config.variant.folds[action]
     view = fold(local.view, local.node, members, config.settings, event.now.wall)
     if view == local.view:

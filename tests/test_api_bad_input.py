@@ -296,6 +296,7 @@ def test_a_join_timeout_says_every_node_needs_the_same_settings() -> None:
         new_node_id("h"),
         "job-42",
         "rdzv/job-42/state",
+        lambda r: f"round {r}'s announcement set",
     )
     message = str(error)
     assert "start more nodes, lower min_nodes or raise join_timeout" in message

@@ -29,9 +29,10 @@ from rdzv import (
 )
 from rdzv.backend import StoreRendezvousBackend
 from rdzv.clock import Clock, FakeClock
-from rdzv.errors import RendezvousTimeoutError
+from rdzv.errors import RendezvousStateError, RendezvousTimeoutError
 from rdzv.handler import DynamicRendezvousHandler, IoStats
 from rdzv.store import Store
+from rdzv.stores.memory import MemoryStore
 from spec.codec import decode, encode_node
 
 JOIN_S = 60.0
@@ -280,3 +281,32 @@ def test_a_node_past_its_join_deadline_takes_its_announcement_back(
         state = decode(store.get(f"rdzv/{run}/state"))
         assert state.complete and gone.node not in state.participant_nodes()
         assert set(state.participant_nodes()) == {h.node for h in late}
+
+
+@pytest.mark.parametrize(
+    ("member", "why"),
+    [(b"junk", "JSONDecodeError"), (b"[" * 1024, "nested too deeply")],
+)
+def test_a_foreign_member_of_the_announcement_set_is_named_with_its_set(
+    member: bytes, why: str
+) -> None:
+    """Another program put bytes that are not a node identity into the round's
+    announcement set (the second is deeper than JSON's parser can go): the node that
+    folds the set fails with a state error that names the set, not the state key, and
+    the store keeps the member for inspection."""
+    store = MemoryStore()
+    run = "f" + uuid.uuid4().hex[:8]
+    key = f"rdzv/{run}/announce/0"
+    store.add_member(key, member)
+    handler = _scale_handler(store, run)
+    try:
+        with pytest.raises(RendezvousStateError) as caught:
+            handler.next_rendezvous()  # its announcement fills the round: it folds at once
+    finally:
+        handler.shutdown()
+    message = str(caught.value)
+    assert why in message
+    assert f"round 0's announcement set (store set {key!r})" in message
+    assert "take the member out of the set (the store's remove_member)" in message
+    assert "delete the key" not in message
+    assert store.members(key) == sorted([member, encode_node(handler.node)])

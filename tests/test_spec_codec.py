@@ -15,7 +15,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spec.codec import MAX_INT, MIN_INT, VERSION, CorruptState, decode, encode
+from spec.codec import (
+    MAX_INT,
+    MIN_INT,
+    VERSION,
+    CorruptState,
+    decode,
+    decode_node,
+    encode,
+    encode_node,
+)
 from spec.state import EMPTY_STATE, MAX_ADDR_LEN, NodeId, RendezvousState
 
 # -- strategies ---------------------------------------------------------------------------
@@ -203,6 +212,52 @@ def test_byte_mutations_of_a_valid_encoding(state: RendezvousState, data: st.Dat
         elif len(encoded) > 1:
             del encoded[where]
     _only_corrupt(bytes(encoded))
+
+
+# -- one node identity (an announcement set's member) ----------------------------------------
+def _only_corrupt_node(data: bytes) -> None:
+    """decode_node(data) either gives a node that encodes back to ``data``'s identity or
+    raises CorruptState: nothing else escapes, whatever the bytes."""
+    try:
+        node = decode_node(data)
+    except CorruptState:
+        return
+    assert decode_node(encode_node(node)) == node
+
+
+@settings(max_examples=1000)
+@given(st.binary(max_size=100))
+def test_random_bytes_as_a_member(data: bytes) -> None:
+    _only_corrupt_node(data)
+
+
+@settings(max_examples=500)
+@given(st.binary(max_size=60).map(lambda b: b"[" + b))
+def test_random_bytes_after_a_bracket_as_a_member(data: bytes) -> None:
+    _only_corrupt_node(data)
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"[" * 1024, "nested too deeply"),  # within a member's size limit, deeper than JSON's
+        (b"junk", "JSONDecodeError"),
+        (b"\xff", "UnicodeDecodeError"),
+        (b'["h",1]', "must have 3 fields, got 2"),
+        (b'{"addr":"h"}', "must be a list, got dict"),
+        (b'["h",1,NaN]', "NaN"),
+    ],
+)
+def test_malformed_members_are_corrupt_and_say_why(data: bytes, reason: str) -> None:
+    with pytest.raises(CorruptState, match=reason):
+        decode_node(data)
+
+
+@given(
+    st.builds(NodeId, st.text(min_size=1, max_size=20), st.integers(0, 2**31), st.integers(0, 99))
+)
+def test_member_round_trip(node: NodeId) -> None:
+    assert decode_node(encode_node(node)) == node
 
 
 json_values = st.recursive(
