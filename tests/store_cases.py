@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import pickle
+import threading
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -191,3 +192,52 @@ def check_stores_are_isolated(a: Store, b: Store) -> None:
     a.set("k", b"written by a")
     assert b.check(["k"]) is False
     assert b.wait_for_change("k", None, timedelta(milliseconds=100)) is False
+
+
+MANY_KEYS = 300
+"""Keys in one call of :func:`check_many_keys_in_one_call`: more than one etcd
+transaction may hold (``--max-txn-ops``, 128 by default), so etcd needs three."""
+
+
+def _many_values(count: int) -> list[bytes]:
+    """``count`` distinct values, among them ``b""`` and values with NUL bytes."""
+    return [b""] + [f"v{i}".encode() + b"\0" * (i % 3) for i in range(1, count)]
+
+
+def check_many_keys_in_one_call(store: Store, count: int = MANY_KEYS) -> None:
+    """``multi_set``, ``multi_get``, ``check`` and ``wait`` of ``count`` keys in one
+    call (on a fresh store): every value round-trips, in the order asked; a key given
+    twice to ``multi_set`` keeps its last value; a missing key anywhere in the list makes
+    ``check`` False and ``multi_get`` time out; a ``multi_get`` waiting for the last key
+    of the list wakes when another thread writes it."""
+    keys = [f"many/{i:04d}" for i in range(count)]
+    values = _many_values(count)
+    store.multi_set(keys, values)
+    assert store.num_keys() == count
+    assert store.multi_get(keys) == values
+    assert store.multi_get(keys[::-1]) == values[::-1]
+    assert store.multi_get(keys + keys) == values + values
+    assert store.check(keys) is True
+    store.wait(keys, timedelta(seconds=5))
+    for at in (0, count // 2, count):  # first, middle, after the last
+        asked = [*keys[:at], "many/missing", *keys[at:]]
+        assert store.check(asked) is False, f"check() with the missing key at {at}"
+    store.set_timeout(timedelta(milliseconds=50))
+    with pytest.raises(StoreTimeoutError):
+        store.multi_get([*keys, "many/missing"])
+    # A key given twice keeps the last value given, as if set one after another.
+    renamed = [f"again {i}".encode() for i in range(10)]
+    store.multi_set([*keys, *keys[:10]], [*values, *renamed])
+    assert store.multi_get(keys) == renamed + values[10:]
+    assert store.num_keys() == count
+    # A wait for the last of many keys wakes on its write.
+    store.set_timeout(timedelta(seconds=30))
+    late = f"many/{count:04d}"
+    writer = threading.Timer(0.2, lambda: store.set(late, b"late"))
+    writer.start()
+    try:
+        got = store.multi_get([*keys, late])
+    finally:
+        writer.join(30)
+    assert not writer.is_alive(), "the writer thread did not finish"
+    assert got[-1] == b"late" and got[:-1] == renamed + values[10:]

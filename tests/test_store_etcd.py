@@ -3,8 +3,9 @@
 Conformance is :func:`rdzv.testing.check_store`; the tests below pin URLs,
 authentication, client-certificate TLS, unknown transaction outcomes, restarts (etcd
 always persists; a wiped data directory is reported), a blackholed network, that
-values are never unpickled, and the store's use of resources: paced re-watches, no
-record delete after a failed ``add``, uncapped connections.
+values are never unpickled, calls on more keys than one transaction may hold (one
+snapshot per read), and the store's use of resources: paced re-watches, no record delete
+after a failed ``add``, uncapped connections.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import base64
 import contextlib
 import json
 import re
+import shlex
 import threading
 import time
 import urllib.request
@@ -30,6 +32,7 @@ import rdzv.stores.etcd as etcd_module
 from rdzv.errors import RendezvousConnectionError, StoreTimeoutError
 from rdzv.stores.etcd import (
     MAX_KEEPALIVE_CONNECTIONS,
+    TXN_KEYS,
     WATCH_PAUSE_MAX_S,
     WATCH_PAUSE_MIN_S,
     EtcdStore,
@@ -195,6 +198,136 @@ def test_prefixes_do_not_share_keys_or_wakeups(etcd_server: EtcdServer) -> None:
     assert b.num_keys() == 0
     a.close()
     b.close()
+
+
+# -- calls on more keys than one transaction may hold -----------------------------------------
+
+
+def test_many_keys_in_one_call(etcd_server: EtcdServer) -> None:
+    # etcd refuses a transaction of more than --max-txn-ops (128) operations: a call on
+    # MANY_KEYS keys needs several transactions.
+    assert cases.MANY_KEYS > 2 * TXN_KEYS
+    store = _fresh(etcd_server.url)
+    cases.check_many_keys_in_one_call(store)
+    store.close()
+
+
+def test_transactions_of_a_multi_set(etcd_server: EtcdServer) -> None:
+    # Each transaction is one revision: up to TXN_KEYS keys are one transaction (all or
+    # nothing), more take one per TXN_KEYS keys, as documented.
+    store = _fresh(etcd_server.url)
+    for count, transactions in ((TXN_KEYS, 1), (TXN_KEYS + 1, 2), (cases.MANY_KEYS, 3)):
+        keys = [f"k{count}/{i}" for i in range(count)]
+        before = etcd_server.revision()
+        store.multi_set(keys, [b"v"] * count)
+        assert etcd_server.revision() - before == transactions, f"multi_set of {count} keys"
+    # A key given twice is put once (etcd refuses a transaction that puts a key twice).
+    before = etcd_server.revision()
+    store.multi_set(["a", "b", "a"], [b"1", b"2", b"3"])
+    assert etcd_server.revision() - before == 1
+    assert store.multi_get(["a", "b"]) == [b"3", b"2"]
+    store.close()
+
+
+def _after_first_read(
+    store: EtcdStore, monkeypatch: pytest.MonkeyPatch, then: Callable[[], None]
+) -> list[int]:
+    """Run ``then()`` (writes by someone else, on the real server) right after the first
+    read transaction of ``store`` returns; every request still goes to the server.
+    Returns the list that records the number of ranges of each read transaction."""
+    reads: list[int] = []
+    post = store._post
+
+    def spying_post(path: str, body: dict[str, Any], doing: str) -> dict[str, Any]:
+        reading = path == "/v3/kv/txn" and doing == "reading"
+        if reading:
+            reads.append(len(body["success"]))  # before: a request that fails counts too
+        reply = post(path, body, doing)
+        if reading and len(reads) == 1:
+            then()
+        return reply
+
+    monkeypatch.setattr(store, "_post", spying_post)
+    return reads
+
+
+def test_a_read_of_many_keys_is_one_snapshot(
+    etcd_server: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another client rewrites a key of the first transaction and one of the last right
+    # after the first transaction: the read answers both as they were at its start.
+    store = _fresh(etcd_server.url)
+    keys = [f"k{i}" for i in range(cases.MANY_KEYS)]
+    store.multi_set(keys, [b"old"] * len(keys))
+    ns = f"{store.prefix}/"
+
+    def rewrite() -> None:
+        for key in (keys[0], keys[-1]):
+            etcd_server.put(ns + key, b"new")
+
+    reads = _after_first_read(store, monkeypatch, rewrite)
+    assert store.multi_get(keys) == [b"old"] * len(keys)
+    assert reads == [TXN_KEYS + 1, TXN_KEYS, len(keys) - 2 * TXN_KEYS]  # + the epoch key
+    monkeypatch.undo()
+    assert store.multi_get([keys[0], keys[-1]]) == [b"new", b"new"]
+    store.close()
+
+
+def test_a_read_whose_revision_is_compacted_midway_starts_over(
+    etcd_server: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Right after the first transaction, another client rewrites two keys and compacts
+    # etcd's history up to now: the next transaction cannot read at the first one's
+    # revision any more, so the whole read starts over and answers the new values.
+    store = _fresh(etcd_server.url)
+    keys = [f"k{i}" for i in range(cases.MANY_KEYS)]
+    store.multi_set(keys, [b"old"] * len(keys))
+    ns = f"{store.prefix}/"
+
+    def rewrite_and_compact() -> None:
+        for key in (keys[0], keys[-1]):
+            etcd_server.put(ns + key, b"new")
+        etcd_server.post("/v3/kv/compaction", {"revision": str(etcd_server.revision())})
+
+    reads = _after_first_read(store, monkeypatch, rewrite_and_compact)
+    assert store.check(keys) is True
+    values = store.multi_get(keys)
+    assert values == [b"new"] + [b"old"] * (len(keys) - 2) + [b"new"]
+    first, again = [TXN_KEYS + 1, TXN_KEYS], [TXN_KEYS + 1, TXN_KEYS, len(keys) - 2 * TXN_KEYS]
+    # check: the first transaction, the second refused (compacted), then all again;
+    # then multi_get.
+    assert reads == [*first, *again, *again]
+    store.close()
+
+
+class _EtcdAllowing(EtcdServer):
+    """An etcd started with ``--max-txn-ops=max_txn_ops`` (through a wrapper script)."""
+
+    def __init__(self, folder: Path, max_txn_ops: int) -> None:
+        super().__init__(folder)
+        wrapper = folder / "etcd-with-max-txn-ops"
+        wrapper.write_text(
+            f'#!/bin/sh\nexec {shlex.quote(self.binary)} "$@" --max-txn-ops={max_txn_ops}\n'
+        )
+        wrapper.chmod(0o755)
+        self.binary = str(wrapper)
+
+
+def test_a_server_allowing_fewer_operations_is_named(tmp_path: Path) -> None:
+    server = _EtcdAllowing(tmp_path / "etcd", max_txn_ops=16)
+    try:
+        server.start()
+        store = _fresh(server.url)
+        store.multi_set([f"k{i}" for i in range(16)], [b"v"] * 16)  # fits
+        keys = [f"k{i}" for i in range(17)]
+        says = r"refused a transaction while set .*--max-txn-ops=128 or more"
+        with pytest.raises(RendezvousConnectionError, match=says):
+            store.multi_set(keys, [b"v"] * 17)
+        with pytest.raises(RendezvousConnectionError, match="while reading"):
+            store.check(keys[:16])  # 16 keys and the epoch key
+        store.close()
+    finally:
+        server.stop()
 
 
 # -- member sets (rdzv.store.SetStore) ------------------------------------------------------

@@ -59,6 +59,13 @@ def test_conformance_threads_and_processes(redis_server: RedisServer) -> None:
     )
 
 
+def test_many_keys_in_one_call(redis_server: RedisServer) -> None:
+    # The same calls as etcd's (which splits them into transactions): one script each.
+    store = _fresh(redis_server.url)
+    cases.check_many_keys_in_one_call(store)
+    store.close()
+
+
 def test_open_store_resolves_the_scheme(redis_server: RedisServer) -> None:
     cases.check_open_store_resolves_the_scheme(redis_server.url, RedisStore)
     assert redis_server.command("GET", "open:k") == b"v"

@@ -30,6 +30,20 @@ Theory of operation:
   never holds more connections than there are threads using the store at once.
 - An epoch key ``<prefix>#epoch`` is created at open; every read reads it and every
   write is conditioned on it, so a wiped server is noticed at the next request.
+- Multi-key calls: etcd refuses a transaction with more than ``--max-txn-ops``
+  operations in any one of its lists (compares, success ops, failure ops; 128 by
+  default, ``ETCD_MAX_TXN_OPS``), so a call on more keys than ``TXN_KEYS`` (127) runs in
+  several transactions of at most ``TXN_KEYS`` keys each. A read (``multi_get``,
+  ``check``, ``wait``, a blocking ``get``) stays one snapshot: the first transaction
+  reads the epoch key and up to ``TXN_KEYS`` keys at the store's current revision ``R``,
+  the others read their keys at revision ``R`` (a range's ``revision`` field); if etcd
+  compacted ``R`` away in between, the whole read starts over (counted as a retry). A
+  ``multi_set`` of more distinct keys than ``TXN_KEYS`` is applied ``TXN_KEYS`` keys per
+  transaction, in order, each guarded by the epoch: it is atomic only up to
+  ``TXN_KEYS`` keys; above that, a reader may see the first transactions' keys before
+  the later ones, and a failure part-way leaves the keys already written (the puts are
+  blind, so the call may simply be repeated). A key given twice keeps its last value
+  (etcd refuses a transaction that puts one key twice).
 - Member sets (:class:`~rdzv.store.SetStore`): member ``m`` of set ``k`` is the etcd key
   ``<prefix>#set/<n>:k/m`` (``n`` is the byte length of ``k``, so no set's key range
   contains another's), outside the ``<prefix>/`` namespace: ``get``/``check`` never see
@@ -115,6 +129,16 @@ behind other threads' watches, so a write that would wake them could not be sent
 wait ended: with as many waiters as the cap, every wait would last its full timeout."""
 MAX_KEEPALIVE_CONNECTIONS = 32
 """Idle connections the pool keeps open for reuse; more are closed when released."""
+ETCD_MAX_TXN_OPS = 128
+"""etcd's default ``--max-txn-ops``: it refuses ("too many operations in txn request") a
+transaction whose longest list (compares, success ops or failure ops; it does not add
+them up) holds more operations."""
+TXN_KEYS = ETCD_MAX_TXN_OPS - 1
+"""Most keys in one transaction of a multi-key call; more keys take several
+transactions (see the module docstring). A read's success list holds one range per key
+plus the range of the epoch key, so 127; a ``multi_set`` transaction holds one put per
+key in its success list and the epoch guard, one compare, in its compare list, so 128
+would fit, but one bound serves both."""
 _PARAMS = (
     "prefix",
     "retries",
@@ -341,6 +365,18 @@ class EtcdStore(RemoteStore):
             )
         if any(w in low for w in ("unavailable", "leader", "too many requests", "timed out")):
             raise _Transient(message)
+        if "required revision has been compacted" in low:
+            # Only a read of a later chunk names a past revision (``_range_raw``): etcd
+            # compacted it away after the first chunk; read everything again. (A watch
+            # from a compacted revision is canceled in its stream instead, see _watch.)
+            raise _Transient(message)
+        if "too many operations in txn" in low:
+            raise RendezvousConnectionError(
+                f"etcd at {self._shown} refused a transaction while {doing} ({message}): "
+                f"this store puts up to {TXN_KEYS} keys in one transaction (one operation "
+                "each, plus one for the epoch key), and this server allows fewer; start "
+                f"etcd with --max-txn-ops={ETCD_MAX_TXN_OPS} or more (etcd's default)"
+            )
         raise RendezvousConnectionError(
             f"etcd at {self._shown} failed while {doing}: {message}; check the server's log"
         )
@@ -369,20 +405,48 @@ class EtcdStore(RemoteStore):
 
     # -- gateway operations ---------------------------------------------------------
 
-    def _range_raw(self, keys: Sequence[bytes]) -> tuple[list[dict[str, Any] | None], int]:
-        """Read ``keys`` in one snapshot: their kvs (None when absent) and the revision."""
-        # Every read also reads the epoch token: data loss is noticed on the next read.
-        ops = [{"request_range": {"key": _b64(k)}} for k in (*keys, self._epoch_key)]
+    def _ranges(self, ops: list[dict[str, Any]]) -> tuple[list[dict[str, Any] | None], int]:
+        """Run the range ``ops`` in one transaction: each one's first kv (None if none),
+        and the store's revision when it ran."""
         data = self._post("/v3/kv/txn", {"success": ops}, "reading")
+        responses = data.get("responses", [])
+        if len(responses) != len(ops):
+            raise RendezvousConnectionError(
+                f"etcd at {self._shown} answered a transaction of {len(ops)} reads with "
+                f"{len(responses)} responses; check that the server is etcd 3.4 or later"
+            )
         found: list[dict[str, Any] | None] = []
-        for response in data.get("responses", []):
+        for response in responses:
             kvs = response.get("response_range", {}).get("kvs", [])
             found.append(kvs[0] if kvs else None)
+        return found, int(data.get("header", {}).get("revision", 0))
+
+    def _range_raw(self, keys: Sequence[bytes]) -> tuple[list[dict[str, Any] | None], int]:
+        """Read ``keys`` in one snapshot: their kvs (None when absent) and the revision.
+
+        The first transaction reads up to ``TXN_KEYS`` keys and the epoch key at the
+        store's current revision; further ones read the other keys, ``TXN_KEYS`` at a
+        time, at that same revision, so the answer is one snapshot however many keys
+        there are. A revision compacted away in between raises :class:`_Transient`
+        (see :meth:`_raise_for`): the caller's retry reads everything again."""
+        # Every read also reads the epoch token: data loss is noticed on the next read.
+        first = [{"request_range": {"key": _b64(k)}} for k in (*keys[:TXN_KEYS], self._epoch_key)]
+        found, revision = self._ranges(first)
         epoch = found.pop()
         seen = None if epoch is None else _unb64(epoch.get("value"))
         if self._epoch is not None and seen != self._epoch:
             raise self._data_lost(seen)
-        revision = int(data.get("header", {}).get("revision", 0))
+        if len(keys) > TXN_KEYS and revision < 1:
+            raise RendezvousConnectionError(
+                f"etcd at {self._shown} answered a read without its revision, so the rest "
+                f"of a read of {len(keys)} keys cannot be read at the same revision; check "
+                "that the server is etcd 3.4 or later"
+            )
+        at = {"revision": str(revision)}
+        for start in range(TXN_KEYS, len(keys), TXN_KEYS):
+            part = keys[start : start + TXN_KEYS]
+            later, _ = self._ranges([{"request_range": {"key": _b64(k), **at}} for k in part])
+            found += later
         for key, kv in zip(keys, found, strict=True):
             if kv is None:
                 self._remember(key, None, revision)
@@ -478,15 +542,23 @@ class EtcdStore(RemoteStore):
         return data
 
     def multi_set(self, keys: Sequence[str], values: Sequence[bytes | str]) -> None:
+        """Set every pair: one transaction (all or nothing) for up to ``TXN_KEYS``
+        distinct keys; more are written ``TXN_KEYS`` at a time in that many
+        transactions, in order, each guarded by the epoch. Above ``TXN_KEYS`` keys the
+        call is not atomic: a reader may see the first transactions' keys before the
+        later ones, and an error part-way leaves the keys already written (the puts are
+        blind: repeating the call is safe). A key given twice keeps its last value."""
         names = check_keys(keys)
         check_pairs(names, values)
-        if not names:
-            return
-        ops = [
-            {"request_put": {"key": _b64(self._k(k)), "value": _b64(as_bytes(v))}}
-            for k, v in zip(names, values, strict=True)
-        ]
-        self._guarded_write(ops, "set")
+        # One put per key (etcd refuses a transaction that puts a key twice); the last
+        # value given wins, as if the pairs were set one after another.
+        pairs = list({self._k(k): as_bytes(v) for k, v in zip(names, values, strict=True)}.items())
+        for start in range(0, len(pairs), TXN_KEYS):
+            ops = [
+                {"request_put": {"key": _b64(k), "value": _b64(v)}}
+                for k, v in pairs[start : start + TXN_KEYS]
+            ]
+            self._guarded_write(ops, "set")
 
     def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
         full, want, new = self._k(key), as_bytes(expected), as_bytes(desired)
