@@ -13,6 +13,7 @@ spec's integer milliseconds in one place (:mod:`rdzv.clock`).
 from __future__ import annotations
 
 import math
+import operator
 import socket
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
@@ -32,7 +33,7 @@ from rdzv.errors import (
 from rdzv.store import Store
 from rdzv.stores.url import redact
 from spec.settings import Settings
-from spec.state import NodeId
+from spec.state import MAX_ADDR_LEN, NodeId, valid_addr
 
 __all__ = [
     "DEFAULT_CACHE_DURATION",
@@ -112,6 +113,25 @@ def _config_value_text(value: object) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
+def check_local_addr(addr: str) -> None:
+    """Refuse ``addr`` as this host's address (the bootstrap address other nodes connect
+    to, and the first part of the node id) with a ``ValueError`` that says why, unless it
+    is a non-empty host name or IP address: never whitespace, at most
+    :data:`~spec.state.MAX_ADDR_LEN` characters of valid Unicode text."""
+    if not addr:
+        problem = "is empty"
+    elif any(c.isspace() for c in addr):
+        problem = "holds whitespace, which no host name or IP address does"
+    elif not valid_addr(addr):
+        problem = f"is longer than {MAX_ADDR_LEN} characters or not valid Unicode text"
+    else:
+        return
+    raise ValueError(
+        f"local_addr must be a host name, an IP address or None, got {addr!r}, which "
+        f"{problem}; pass this host's address or leave it out to use the host name"
+    )
+
+
 class RendezvousParameters:
     """Parameters of a rendezvous, as torchrun passes them.
 
@@ -147,11 +167,13 @@ class RendezvousParameters:
             )
         # The node bounds are validated where the protocol defines them.
         Settings(min_nodes=min_nodes, max_nodes=max_nodes)
-        if local_addr is not None and (not isinstance(local_addr, str) or not local_addr):
-            raise ValueError(
-                f"local_addr must be a non-empty string or None, got {local_addr!r}; "
-                f"pass this host's address or leave it out to use the host name"
-            )
+        if local_addr is not None:
+            if not isinstance(local_addr, str):
+                raise ValueError(
+                    f"local_addr must be a string or None, got {_config_value_text(local_addr)}; "
+                    f"pass this host's address or leave it out to use the host name"
+                )
+            check_local_addr(local_addr)
         self.backend = backend
         self.endpoint = endpoint
         self.run_id = run_id
@@ -199,13 +221,27 @@ class RendezvousParameters:
                 f"config option {key!r} is {_config_value_text(value)}, which is not an "
                 f"integer; pass a whole number such as '3'"
             )
-        try:
-            return int(value)
-        except (TypeError, ValueError):
+        number: int | None = None
+        if isinstance(value, int):
+            number = value
+        elif isinstance(value, str):
+            try:
+                number = int(value.strip())
+            except ValueError:
+                number = None
+        elif isinstance(value, float) and value.is_integer():  # 3.0, never inf or 2.7
+            number = int(value)
+        else:
+            try:
+                number = operator.index(value)  # other integer types (numpy's)
+            except TypeError:
+                number = None
+        if number is None:
             raise ValueError(
                 f"config option {key!r} is {_config_value_text(value)}, which is not an "
                 f"integer; pass a whole number such as '3'"
-            ) from None
+            )
+        return number
 
     def get_as_float(self, key: str, default: float | None = None) -> float | None:
         """Option ``key`` as a finite float (``'0.5'`` and ``'30'`` both parse)."""

@@ -59,6 +59,14 @@ class RendezvousBackend(ABC):
         Returns the state stored afterwards, its token and whether this write happened;
         None if there is still no state."""
 
+    @property
+    def state_expiry(self) -> float | None:
+        """Seconds after its last write that the stored state disappears by itself (a
+        key expiry of the store, such as Redis's ``ttl``); None (this default) when it
+        never does. The handler refuses protocol settings under which the state could go
+        unwritten that long while nodes still use it."""
+        return None
+
     def _cannot(self, what: str) -> NotImplementedError:
         return NotImplementedError(
             f"the {self.name!r} backend keeps no {what}, which the chosen protocol variant "
@@ -160,6 +168,14 @@ class StoreRendezvousBackend(RendezvousBackend):
     def key(self) -> str:
         """The store key holding the state."""
         return self._key
+
+    @property
+    def state_expiry(self) -> float | None:
+        """The store's key expiry (its ``ttl`` attribute, seconds), if it has one."""
+        ttl = getattr(self._store, "ttl", None)
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float):
+            return None
+        return float(ttl)
 
     def get_state(self) -> tuple[bytes, Token] | None:
         """One read of the state, as cheap as the store allows:

@@ -50,6 +50,7 @@ from rdzv.api import (
     RendezvousStoreInfo,
     RendezvousTimeout,
     as_duration,
+    check_local_addr,
 )
 from rdzv.backend import RendezvousBackend, StoreRendezvousBackend
 from rdzv.clock import Clock, SystemClock, now_of, to_millis, to_seconds
@@ -95,7 +96,7 @@ from spec.machine import (
 )
 from spec.settings import Settings
 from spec.state import Millis, NodeId, RendezvousState
-from spec.variants import Variant, get_variant
+from spec.variants import KEY_BEATS, Variant, get_variant
 from spec.vocabulary import FailKind, Op
 
 __all__ = [
@@ -694,6 +695,36 @@ class _HeartbeatSlot:
         return self.stop()
 
 
+def _check_state_expiry(
+    expiry: float | None, settings: RendezvousSettings, variant: Variant
+) -> None:
+    """Refuse a store whose keys expire (``expiry`` seconds after their last write, e.g.
+    Redis's ``ttl``) when the state could expire while nodes still use it: under a
+    variant with heartbeats under keys (``scale``) the state is written only when the
+    membership changes, so a steady job would lose it; otherwise every live node
+    rewrites it at each heartbeat, so the expiry must be at least the time after which
+    silent nodes count as dead (``keep_alive_interval`` x ``keep_alive_max_attempt``)."""
+    if expiry is None:
+        return
+    if variant.heartbeats == KEY_BEATS:
+        raise ValueError(
+            f"protocol {variant.name!r} writes the rendezvous state only when the "
+            f"membership changes, so a store whose keys expire {expiry:g} s after their "
+            f"last write (Redis's ttl) would lose it while the job runs; drop ttl from the "
+            f"store URL (and delete the run's keys when the job is over), or use "
+            f"protocol=hardened, which rewrites the state at every heartbeat"
+        )
+    window = settings.keep_alive_interval.total_seconds() * settings.keep_alive_max_attempt
+    if expiry < window:
+        raise ValueError(
+            f"the store's keys expire {expiry:g} s after their last write (Redis's ttl), "
+            f"sooner than a silent node counts as dead (keep_alive_interval x "
+            f"keep_alive_max_attempt = {window:g} s), so the rendezvous state could expire "
+            f"between two heartbeats; raise ttl to at least {window:g} s (ttl only bounds "
+            f"how long the keys of an abandoned job stay, so an hour or a day is fine)"
+        )
+
+
 def _spec_settings(settings: RendezvousSettings, cache_duration: float) -> Settings:
     """The one place where a handler's settings become spec's integer milliseconds."""
     return Settings(
@@ -814,6 +845,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 f"local_addr must be a string or None, got {_got(local_addr)}; pass this "
                 f"host's address or leave it out to use the host name"
             )
+        if local_addr is not None:
+            check_local_addr(local_addr)
         if not isinstance(protocol, str | Variant):
             raise TypeError(
                 f"protocol must be a variant name or a spec.variants.Variant, got "
@@ -866,6 +899,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 f"pass e.g. RendezvousTimeout(join=timedelta(seconds=600))"
             )
         self._spec_settings = _spec_settings(settings, cache_duration)
+        _check_state_expiry(backend.state_expiry, settings, variant)
         self._settings = settings
         self._node = node
         self._backend_name = backend_name
@@ -929,12 +963,25 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
         A round that ends before its rank 0 published the bootstrap info (rank 0 died, or
         the rendezvous was closed) is left and the next one joined, all within one join
-        deadline (at most :data:`MAX_ROUND_ATTEMPTS` rounds)."""
+        deadline (at most :data:`MAX_ROUND_ATTEMPTS` rounds). If the call fails after
+        the node joined a round (the bootstrap info could not be read or published),
+        the node stops its heartbeats, so that the round's other members find it gone
+        (as if it had crashed) instead of waiting on a member that never started."""
+        return self.next_rendezvous_until(None)
+
+    def next_rendezvous_until(self, deadline: float | None) -> RendezvousInfo:
+        """:meth:`next_rendezvous` with its join deadline given: ``deadline`` in seconds
+        of :attr:`clock`'s monotonic time (None: the join timeout from now). For callers
+        that call it again after a round failed them and must stay within the deadline
+        of their own first call (the torchrun plug-in)."""
         with self._rendezvous_lock:
             if self._heartbeats.is_shut:
                 raise self._shut_down_error("was shut down")
             self._stop_heartbeats()
-            deadline = self._driver.deadline_after(self._spec_settings.join_timeout)
+            if deadline is None:
+                deadline = self._driver.deadline_after(self._spec_settings.join_timeout)
+            else:
+                deadline = to_millis(deadline)
             for _ in range(MAX_ROUND_ATTEMPTS):
                 with self._lock:
                     self._run(Op.EXIT, deadline)
@@ -952,7 +999,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 if not self._start_heartbeats():
                     raise self._shut_down_error(f"was shut down while it joined round {round_}")
                 store = PrefixStore(f"rdzv/{self._settings.run_id}/{round_}", self._store)
-                bootstrap = self._bootstrap(rank, store, deadline, round_, leader)
+                try:
+                    bootstrap = self._bootstrap(rank, store, deadline, round_, leader)
+                except BaseException:
+                    self._stop_heartbeats()  # not a working member: let the others see it
+                    raise
                 if bootstrap is not None:
                     self._joined = (round_, leader)
                     return RendezvousInfo(
@@ -979,6 +1030,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 f"rank 0 published the bootstrap info; check why the nodes of this run die "
                 f"right after forming a round, then call next_rendezvous again"
             )
+
+    def abandon_round(self) -> None:
+        """Stop the heartbeats of the round the last :meth:`next_rendezvous` returned,
+        without closing the rendezvous: the round's other members then find this node
+        gone, as if it had crashed. For callers whose own work after
+        ``next_rendezvous`` failed (the torchrun plug-in's agent store); the next
+        ``next_rendezvous`` leaves the round and joins another as usual."""
+        with self._rendezvous_lock:
+            self._stop_heartbeats()
 
     def is_closed(self) -> bool:
         return self._control_op(Op.QUERY).closed

@@ -417,11 +417,19 @@ class TorchrunHandler:
         next one (at most :data:`rdzv.handler.MAX_ROUND_ATTEMPTS` rounds), as the handler
         does for the bootstrap info."""
         for _ in range(MAX_ROUND_ATTEMPTS):
-            info = self._handler.next_rendezvous()
+            # Every round of this call shares the one deadline of the agent's call.
+            info = self._handler.next_rendezvous_until(deadline)
             addr = info.bootstrap_store_info.master_addr
             if not self._options.use_agent_store:
                 return info, addr, info.bootstrap_store_info.master_port
-            port = self._share_agent_store(info.rank, info.store, addr, deadline)
+            try:
+                port = self._share_agent_store(info.rank, info.store, addr, deadline)
+            except BaseException:
+                # This node will not work in the round: stop its heartbeats so that the
+                # other members find it gone rather than wait for it.
+                self._stop_server()
+                self._handler.abandon_round()
+                raise
             if port is not None:
                 return info, addr, port
             logger.warning(

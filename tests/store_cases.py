@@ -241,3 +241,27 @@ def check_many_keys_in_one_call(store: Store, count: int = MANY_KEYS) -> None:
         writer.join(30)
     assert not writer.is_alive(), "the writer thread did not finish"
     assert got[-1] == b"late" and got[:-1] == renamed + values[10:]
+
+
+def check_a_closed_store_refuses_calls(store: Store) -> None:
+    """After ``close()`` every call raises :class:`RendezvousConnectionError` saying the
+    store was closed (never reconnects, never a client library's own error), and closing
+    again does nothing."""
+    store.set("k", b"v")
+    close = getattr(store, "close")  # noqa: B009 - Store has no close(); every rdzv store does
+    close()
+    calls: list[Callable[[], object]] = [
+        lambda: store.get("k"),
+        lambda: store.set("k", b"w"),
+        lambda: store.check(["k"]),
+        lambda: store.multi_get(["k"]),
+        lambda: store.compare_set("k", b"v", b"w"),
+        lambda: store.add("n", 1),
+        lambda: store.wait(["k"], timedelta(seconds=1)),
+        lambda: store.wait_for_change("k", b"v", timedelta(seconds=1)),
+        store.num_keys,
+    ]
+    for call in calls:
+        with pytest.raises(RendezvousConnectionError, match="was closed; open a new one"):
+            call()
+    close()

@@ -30,6 +30,7 @@ from rdzv.handler import (
 from rdzv.stores import MemoryStore, drop_memory_store
 from rdzv.torch_plugin import CONFIG_KEYS, rdzv_parameters
 from spec.machine import Fail
+from spec.state import MAX_ADDR_LEN
 from spec.variants import HARDENED
 from spec.vocabulary import FailKind, Op
 
@@ -269,6 +270,94 @@ def test_from_backend_names_the_argument_of_the_wrong_type(
         DynamicRendezvousHandler.from_backend(
             "job", store, StoreRendezvousBackend(store, "job"), 1, 1, **kwargs
         )
+
+
+@pytest.mark.parametrize(
+    ("addr", "why"),
+    [
+        ("", "is empty"),
+        (" ", "holds whitespace"),
+        ("node 1", "holds whitespace"),
+        ("node1\n", "holds whitespace"),
+        ("h" * (MAX_ADDR_LEN + 1), f"is longer than {MAX_ADDR_LEN} characters"),
+        ("\udc80", f"is longer than {MAX_ADDR_LEN} characters or not valid Unicode text"),
+    ],
+)
+def test_a_local_addr_that_is_no_address_is_refused_alike_by_both_entries(
+    addr: str, why: str
+) -> None:
+    # One check serves torchrun's parameters and from_backend: same words for both.
+    says = rf"local_addr must be a host name, an IP address or None, got .*, which {why}"
+    with pytest.raises(ValueError, match=says):
+        RendezvousParameters("rdzv", "memory://x", "job", 1, 1, local_addr=addr)
+    store = MemoryStore()
+    with pytest.raises(ValueError, match=says):
+        DynamicRendezvousHandler.from_backend(
+            "job", store, StoreRendezvousBackend(store, "job"), 1, 1, local_addr=addr
+        )
+    assert not store.check(["rdzv/job/state"])
+
+
+class _ExpiringBackend(StoreRendezvousBackend):
+    """A backend whose state disappears ``expiry`` seconds after its last write."""
+
+    def __init__(self, store: MemoryStore, expiry: float) -> None:
+        super().__init__(store, "job")
+        self._expiry = expiry
+
+    @property
+    def state_expiry(self) -> float | None:
+        return self._expiry
+
+
+@pytest.mark.parametrize(
+    ("expiry", "config", "says"),
+    [
+        (3600.0, {"protocol": "scale"}, "writes the rendezvous state only when the membership"),
+        (14.0, {}, r"keep_alive_interval x keep_alive_max_attempt = 15 s"),
+        (5.0, {"keep_alive_interval": 2.0, "keep_alive_max_attempt": 3}, r"= 6 s"),
+    ],
+)
+def test_a_state_that_could_expire_while_in_use_is_refused(
+    expiry: float, config: dict[str, Any], says: str
+) -> None:
+    store = MemoryStore()
+    with pytest.raises(ValueError, match=says):
+        DynamicRendezvousHandler.from_backend(
+            "job", store, _ExpiringBackend(store, expiry), 1, 1, **config
+        )
+    # At the bound, and under hardened, it is taken.
+    handler = DynamicRendezvousHandler.from_backend(
+        "job", store, _ExpiringBackend(store, 15.0), 1, 1
+    )
+    assert handler.shutdown() is True
+
+
+class _Index:
+    """An integer type of another library (numpy's int64 has ``__index__``)."""
+
+    def __index__(self) -> int:
+        return 12
+
+
+@pytest.mark.parametrize(
+    ("value", "parsed"), [("42", 42), (" 7 ", 7), (3, 3), (3.0, 3), ("-2", -2), (_Index(), 12)]
+)
+def test_get_as_int_takes_whole_numbers(value: object, parsed: int) -> None:
+    assert RendezvousParameters("rdzv", "memory://x", "j", 1, 1, n=value).get_as_int("n") == parsed
+
+
+@pytest.mark.parametrize(
+    "value", [2.7, float("inf"), float("nan"), "2.7", "inf", "", "3 nodes", True, b"3", [3], None]
+)
+def test_get_as_int_refuses_what_is_not_a_whole_number(value: object) -> None:
+    # Never truncated (2.7 is not 2) and never a raw OverflowError (inf).
+    p = RendezvousParameters("rdzv", "memory://x", "j", 1, 1, n=value)
+    if value is None:
+        assert p.get_as_int("n") is None  # an option given as None is absent
+        return
+    with pytest.raises(ValueError, match=r"config option 'n' is .*which is not an integer"):
+        p.get_as_int("n")
 
 
 def test_the_constructor_checks_its_parts_too() -> None:

@@ -276,7 +276,7 @@ def fake_clock_handler(
 ) -> DynamicRendezvousHandler:
     return DynamicRendezvousHandler.from_backend(
         "job",
-        store,
+        kw.pop("round_store", store),  # where round namespaces go; the state is in store
         StoreRendezvousBackend(store, "job"),
         min_nodes,
         max_nodes,
@@ -689,6 +689,89 @@ def test_a_dead_member_of_a_complete_round_is_reported_only_by_hardened(
             assert state.round == 0 and state.complete and state.participant_nodes() == (a.node,)
         assert a.shutdown() is True
         assert b.shutdown() is True
+
+
+# -- a node that will not work in its round stops its heartbeats ------------------------------
+class _RoundStoreDown(MemoryStore):
+    """A store every round-namespace call of which fails, as on a lost connection."""
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[bytes | str]) -> None:
+        raise ConnectionResetError(f"connection reset while writing {list(keys)}")
+
+    def wait_get(self, keys: Sequence[str], timeout: timedelta | None = None) -> list[bytes]:
+        raise ConnectionResetError(f"connection reset while reading {list(keys)}")
+
+
+def _expire_quiet_nodes(store: Store, clock: FakeClock, beaters: int) -> None:
+    """Let ``beaters`` heartbeat threads beat four times (20 s): a node that stopped
+    beating at t = 0 expires at 15 s (keep-alive 5 s, 3 attempts)."""
+    for _ in range(4):
+        assert clock.wait_for_sleepers(beaters)
+        before = store.get("rdzv/job/state")
+        clock.advance(5.0)
+        assert store.wait_for_change("rdzv/job/state", before, timedelta(seconds=10))
+
+
+@pytest.mark.parametrize("how", ["bootstrap read fails", "abandon_round"])
+def test_a_member_that_cannot_work_in_its_round_stops_beating_and_the_round_moves_on(
+    how: str,
+) -> None:
+    clock = FakeClock()
+    store = MemoryStore()
+    # a is created first, so it sorts first and gets rank 0 (see new_node_id).
+    a = fake_clock_handler(store, clock, 2, 2, keep_alive_interval=5)
+    broken = _RoundStoreDown() if how == "bootstrap read fails" else store
+    b = fake_clock_handler(store, clock, 2, 2, keep_alive_interval=5, round_store=broken)
+    with stopping(a, b):
+        info, outcome = run_all([a.next_rendezvous, b.next_rendezvous])
+        assert info.rank == 0
+        if how == "bootstrap read fails":
+            # b joined round 0 but cannot read rank 0's bootstrap info: the call fails...
+            assert isinstance(outcome, RendezvousConnectionError), outcome
+            assert "bootstrap info of round 0" in str(outcome)
+        else:
+            # ...or b's caller failed after the call (torchrun's agent store) and says so.
+            assert outcome.rank == 1
+            b.abandon_round()
+        # ...and b no longer beats, without having left: it is a member until it expires.
+        assert b.heartbeat_thread is None
+        assert b.node in stored_state(store).participant_nodes()
+        _expire_quiet_nodes(store, clock, beaters=1)
+        state = stored_state(store)
+        assert b.node not in state.participant_nodes()
+        assert state.round == 1 and state.wait_list == (a.node,)
+        assert a.num_nodes_waiting() == 1  # torch's agent re-rendezvouses on this
+        # b may try again: both form the next round.
+        if how == "bootstrap read fails":
+            b._store = store  # the connection is back
+        again = run_all([a.next_rendezvous, b.next_rendezvous])
+        assert_one_round(again, 2)
+        assert again[0].round == 1
+        assert a.shutdown() is True
+        assert b.shutdown() is True
+
+
+def test_next_rendezvous_until_keeps_the_deadline_it_is_given() -> None:
+    clock = FakeClock()
+    store = MemoryStore()
+    handler = fake_clock_handler(store, clock, 2, 2, keep_alive_interval=1000)
+    deadline = clock.monotonic() + 10.0  # far before the join timeout (600 s)
+    outcome = run_all_async([lambda: handler.next_rendezvous_until(deadline)])
+    try:
+        for _ in range(200):
+            if stored_state_or_none(store) is not None:
+                break
+            store.wait_for_change("rdzv/job/state", None, timedelta(seconds=0.05))
+        joined = store.get("rdzv/job/state")
+        clock.advance(10.001)  # past the deadline given: the node withdraws
+        assert store.wait_for_change("rdzv/job/state", joined, timedelta(seconds=10))
+        assert stored_state(store).participants == ()
+        clock.advance(5.0)  # past the rollback window: it gives up
+        (error,) = outcome()
+    finally:
+        handler.shutdown()
+        outcome()
+    assert isinstance(error, RendezvousTimeoutError)
 
 
 # -- clock skew (model checker finding 1) ------------------------------------------------------

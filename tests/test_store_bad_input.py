@@ -53,6 +53,8 @@ MALFORMED_WITH_PASSWORD = [
     f"redis://:{PASSWORD}@127.0.0.1:1/0?retries=-1",
     f"redis://:{PASSWORD}@127.0.0.1:1/0?ca=/etc/hostname",
     f"rediss://:{PASSWORD}@127.0.0.1:1/0?ca=/no/such/ca.pem",
+    f"rediss://:{PASSWORD}@127.0.0.1:1/0?ca=/etc/hostname",  # exists, but not PEM
+    f"etcds://root:{PASSWORD}@127.0.0.1:1?ca=/etc/hostname",
     # Authority and path problems.
     f"redis://:{PASSWORD}@127.0.0.1:99999/0",
     f"redis://:{PASSWORD}@127.0.0.1:port/0",
@@ -111,6 +113,21 @@ def test_create_handler_shows_no_password_either(url: str) -> None:
     with pytest.raises(ValueError) as caught:
         create_handler(params)
     _hidden(str(caught.value))
+
+
+@pytest.mark.parametrize("scheme", ["rediss", "etcds"])
+@pytest.mark.parametrize("param", ["ca", "cert"])
+def test_a_tls_file_that_is_not_pem_is_the_urls_error_before_any_connection(
+    tmp_path: Path, scheme: str, param: str
+) -> None:
+    # Not a flaky connection (retried, then "unreachable"): the URL names a bad file.
+    bad = tmp_path / "not-a-certificate.pem"
+    bad.write_text("this is not PEM\n")
+    with pytest.raises(StoreUrlError) as caught:  # port 1: nobody listens, nothing is sent
+        open_store(f"{scheme}://127.0.0.1:1?{param}={bad}", timeout=timedelta(seconds=1))
+    message = str(caught.value)
+    assert f"{param}={str(bad)!r}" in message and "cannot be loaded" in message
+    assert "give PEM files" in message
 
 
 def test_the_fragment_error_names_the_fix_and_masks_the_password() -> None:

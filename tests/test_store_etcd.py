@@ -203,6 +203,10 @@ def test_prefixes_do_not_share_keys_or_wakeups(etcd_server: EtcdServer) -> None:
 # -- calls on more keys than one transaction may hold -----------------------------------------
 
 
+def test_a_closed_store_refuses_calls(etcd_server: EtcdServer) -> None:
+    cases.check_a_closed_store_refuses_calls(_fresh(etcd_server.url))
+
+
 def test_many_keys_in_one_call(etcd_server: EtcdServer) -> None:
     # etcd refuses a transaction of more than --max-txn-ops (128) operations: a call on
     # MANY_KEYS keys needs several transactions.

@@ -22,6 +22,7 @@ import pytest
 import store_cases as cases
 from servers import Certs, RedisServer, ServerMissing, TcpProxy, find_binary, free_port
 
+from rdzv import RendezvousParameters, StoreRendezvousBackend, create_handler
 from rdzv.errors import RendezvousConnectionError
 from rdzv.stores.redis import RedisStore
 from rdzv.stores.url import StoreUrlError
@@ -57,6 +58,10 @@ def test_conformance_threads_and_processes(redis_server: RedisServer) -> None:
         increments=10,
         sets=True,
     )
+
+
+def test_a_closed_store_refuses_calls(redis_server: RedisServer) -> None:
+    cases.check_a_closed_store_refuses_calls(_fresh(redis_server.url))
 
 
 def test_many_keys_in_one_call(redis_server: RedisServer) -> None:
@@ -217,6 +222,37 @@ def test_ttl_expires_abandoned_keys(redis_server: RedisServer) -> None:
         assert 0 < ttl_ms <= 60_000, (key, ttl_ms)
     assert int(redis_server.command("PTTL", f"{store.prefix}#index")) > 0
     store.close()
+
+
+@pytest.mark.parametrize(
+    ("ttl", "config", "says"),
+    [
+        ("60", {"protocol": "scale"}, r"protocol 'scale' writes the rendezvous state only when"),
+        ("10", {}, r"expire 10 s after .* keep_alive_max_attempt = 15 s.*at least 15 s"),
+        ("2", {"keep_alive_interval": "1"}, r"expire 2 s after .*= 3 s"),
+    ],
+)
+def test_a_ttl_the_state_could_expire_under_is_refused(
+    redis_server: RedisServer, ttl: str, config: dict[str, str], says: str
+) -> None:
+    url = cases.fresh_url(redis_server.url, ttl=ttl)
+    with pytest.raises(ValueError, match=says):
+        create_handler(RendezvousParameters("rdzv", url, "job", 1, 1, **config))
+
+
+def test_a_ttl_hardened_renews_is_taken(redis_server: RedisServer) -> None:
+    # hardened rewrites the state at every heartbeat: ttl >= 3 x 1 s keeps it alive.
+    url = cases.fresh_url(redis_server.url, ttl="3")
+    assert StoreRendezvousBackend(_opened(RedisStore(url)), "job").state_expiry == 3.0
+    plain = _opened(RedisStore(cases.fresh_url(redis_server.url)))
+    assert StoreRendezvousBackend(plain, "job").state_expiry is None
+    handler = create_handler(
+        RendezvousParameters("rdzv", url, "job", 1, 1, keep_alive_interval="1")
+    )
+    try:
+        assert handler.next_rendezvous().world_size == 1
+    finally:
+        assert handler.shutdown() is True
 
 
 def test_missing_key_times_out_with_the_store_timeout(redis_server: RedisServer) -> None:

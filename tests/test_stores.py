@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import store_cases as cases
 
 import rdzv.clock
 import rdzv.testing
@@ -726,10 +727,7 @@ def test_sqlite_errors_become_connection_errors_with_advice(
 
 
 def test_sqlite_closed_store(files: SQLiteFiles) -> None:
-    store = files.store()
-    store.close()
-    with pytest.raises(RendezvousConnectionError, match="was closed"):
-        store.set("k", b"v")
+    cases.check_a_closed_store_refuses_calls(files.store())
 
 
 def test_sqlite_stores_blobs_and_ascii_counters(files: SQLiteFiles) -> None:
@@ -903,6 +901,17 @@ def test_backoff_doubles_from_the_minimum_up_to_the_cap() -> None:
     for before, after in itertools.pairwise(delays):
         assert after == min(before * 2, RETRY_DELAY_MAX_S)
     assert delays[-1] == RETRY_DELAY_MAX_S
+
+
+def test_the_docs_give_the_default_backoff_total() -> None:
+    # The docs quote the total backoff of the default retries; keep them true.
+    from rdzv.stores import remote
+
+    total = f"{sum(remote.backoff_delays(remote.DEFAULT_RETRIES)):.2f} s"
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    for page, times in (("stores.md", 2), ("handler.md", 1)):
+        assert (docs / page).read_text().count(total) >= times, f"{page} should say {total}"
+    assert total in Path(remote.__file__).read_text(), "DEFAULT_RETRIES's docstring"
 
 
 @pytest.mark.parametrize("retries", [0, 1, 3])

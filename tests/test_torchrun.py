@@ -368,6 +368,69 @@ def test_every_member_gets_rank_0s_agent_store_fresh_each_round(memory_url: str)
             handler.shutdown()
 
 
+def _stored_round(url: str) -> int:
+    """The round of run "job" in the store at ``url``."""
+    with opened_store(url) as store:
+        current = StoreRendezvousBackend(store, "job").get_state()
+    assert current is not None
+    return decode(current[0]).round
+
+
+def test_every_round_of_one_call_shares_the_calls_deadline(
+    memory_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Round 0 "ends" before its agent store appears: the node joins round 1 with the
+    # deadline of the agent's call, not a fresh join timeout.
+    handler = create_torchrun_handler(_torch_params(memory_url, "job", 1, 1, timeout="42"))
+    deadlines: list[float | None] = []
+    until = handler.handler.next_rendezvous_until
+
+    def recording(deadline: float | None) -> Any:
+        deadlines.append(deadline)
+        return until(deadline)
+
+    share = handler._share_agent_store
+    ended = iter([True])
+
+    def first_round_ends(*args: Any) -> int | None:
+        return None if next(ended, False) else share(*args)
+
+    monkeypatch.setattr(handler.handler, "next_rendezvous_until", recording)
+    monkeypatch.setattr(handler, "_share_agent_store", first_round_ends)
+    try:
+        start = handler.handler.clock.monotonic()
+        info = handler.next_rendezvous()
+        assert info.rank == 0 and _stored_round(memory_url) == 1
+        assert len(deadlines) == 2 and deadlines[0] == deadlines[1]
+        assert deadlines[0] is not None and start + 42 <= deadlines[0] <= start + 42 + 60
+    finally:
+        handler.shutdown()
+
+
+def test_a_node_whose_agent_store_fails_stops_its_heartbeats(
+    memory_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The call fails after the node joined a round: the node must not go on beating as a
+    # member of a round it will not work in (its peers would wait for it).
+    handler = create_torchrun_handler(_torch_params(memory_url, "job", 1, 1, timeout="42"))
+
+    def fails(*args: Any) -> int | None:
+        raise OSError("Address already in use")
+
+    monkeypatch.setattr(handler, "_share_agent_store", fails)
+    try:
+        with pytest.raises(OSError, match="Address already in use"):
+            handler.next_rendezvous()
+        assert _stored_round(memory_url) == 0  # it had joined round 0
+        assert handler.handler.heartbeat_thread is None
+        monkeypatch.undo()  # the port is free again: the next call works
+        info = handler.next_rendezvous()
+        assert info.rank == 0 and _stored_round(memory_url) == 1
+        assert handler.handler.heartbeat_thread is not None
+    finally:
+        handler.shutdown()
+
+
 def test_without_the_agent_store_rank_0_publishes_a_free_port(memory_url: str) -> None:
     params = _torch_params(memory_url, "job", 2, 2, timeout=IN_PROCESS_WITHIN_S)
     params.config["use_agent_store"] = "0"

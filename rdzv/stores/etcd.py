@@ -260,8 +260,7 @@ class EtcdStore(RemoteStore):
 
     # -- plumbing --------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Close this store's connections."""
+    def _close_client(self) -> None:
         self._http.close()
 
     def _k(self, key: str) -> bytes:

@@ -347,8 +347,13 @@ class RedisStore(RemoteStore):
 
     # -- plumbing --------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Close this store's connections."""
+    @property
+    def ttl(self) -> float | None:
+        """Seconds after its last write that a key expires (the URL's ``ttl``); None
+        when keys never expire."""
+        return None if self._ttl_ms == 0 else self._ttl_ms / 1000
+
+    def _close_client(self) -> None:
         with self._lock:
             subscribers, self._all_subscribers = self._all_subscribers, []
         for _, pubsub in subscribers:

@@ -31,7 +31,8 @@ from rdzv.stores.url import StoreUrlError, redact, split_query
 T = TypeVar("T")
 
 DEFAULT_RETRIES = 8
-"""Attempts after the first for a transient failure (about 6 s of backoff in total)."""
+"""Attempts after the first for a transient failure (4.55 s of backoff in total:
+``sum(backoff_delays(DEFAULT_RETRIES))``)."""
 RETRY_DELAY_MIN_S = 0.05
 """First backoff delay between two attempts."""
 RETRY_DELAY_MAX_S = 1.0
@@ -230,7 +231,17 @@ def tls_params(parsed: RemoteUrl, secure: bool) -> Tls | None:
         raise StoreUrlError(
             f"check_hostname={check!r} in {parsed.shown!r} must be 'true' or 'false'"
         )
-    return Tls(files["ca"], files["cert"], files["key"], check == "true")
+    tls = Tls(files["ca"], files["cert"], files["key"], check == "true")
+    try:  # load the files now: a bad one is the URL's error, not a flaky connection
+        tls.context()
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        given_files = ", ".join(f"{n}={p!r}" for n, p in files.items() if p is not None)
+        raise StoreUrlError(
+            f"the TLS files of {parsed.shown!r} ({given_files}) cannot be loaded: "
+            f"{type(exc).__name__}: {exc}; give PEM files: ca= a CA bundle, cert= a client "
+            "certificate and key= its private key (or a cert= file holding both)"
+        ) from exc
+    return tls
 
 
 def backoff_delays(retries: int) -> list[float]:
@@ -308,6 +319,7 @@ class RemoteStore(BaseStore):
         self._retries = retries
         self._epoch: bytes | None = None
         self._lost: str | None = None
+        self._closed = False
 
     @property
     def endpoint(self) -> str:
@@ -321,9 +333,15 @@ class RemoteStore(BaseStore):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._shown!r}, prefix={self._prefix!r})"
 
-    @abstractmethod
     def close(self) -> None:
-        """Close this store's connections."""
+        """Close this store's connections. Every later call raises
+        :class:`RendezvousConnectionError`; closing again does nothing."""
+        self._closed = True
+        self._close_client()
+
+    @abstractmethod
+    def _close_client(self) -> None:
+        """Close the client library's connections."""
 
     def set(self, key: str, value: bytes | str) -> None:
         self.multi_set([key], [value])
@@ -390,6 +408,11 @@ class RemoteStore(BaseStore):
         return RendezvousConnectionError(message)
 
     def _check_not_lost(self) -> None:
+        """Refuse a call on a closed store, or on one whose data is known to be lost."""
+        if self._closed:
+            raise RendezvousConnectionError(
+                f"the {self._KIND} store {self._shown} was closed; open a new one with open_store()"
+            )
         if self._lost is not None:
             raise RendezvousConnectionError(self._lost)
 
