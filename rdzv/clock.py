@@ -101,6 +101,39 @@ class SystemClock:
         return max(0.0, seconds)
 
 
+class SteadyWallClock:
+    """``clock`` with a wall clock that cannot jump: its :meth:`time` is ``clock``'s
+    wall time read once, when this is made, plus the monotonic time elapsed since.
+
+    For protocol variants that never compare two machines' wall clocks (a local
+    liveness clock, see :mod:`spec.variants`): there the wall time only marks changes and
+    times a node's own heartbeats, and a step of the system clock (an NTP correction, an
+    administrator's ``date -s``) must not stop a node's heartbeats or let it write a
+    marker it wrote before. The rate is the monotonic clock's; the offset from the true
+    wall time stays what it was at the start, up to the rate drift between the two."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._offset = clock.time() - clock.monotonic()
+
+    @property
+    def inner(self) -> Clock:
+        """The clock this one reads."""
+        return self._clock
+
+    def monotonic(self) -> float:
+        return self._clock.monotonic()
+
+    def time(self) -> float:
+        return self._clock.monotonic() + self._offset
+
+    def sleep(self, seconds: float, cancel: threading.Event | None = None) -> bool:
+        return self._clock.sleep(seconds, cancel)
+
+    def max_real_wait(self, seconds: float) -> float:
+        return self._clock.max_real_wait(seconds)
+
+
 class FakeClock:
     """A clock that moves only when told to; thread-safe.
 

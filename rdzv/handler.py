@@ -53,7 +53,7 @@ from rdzv.api import (
     check_local_addr,
 )
 from rdzv.backend import RendezvousBackend, StoreRendezvousBackend
-from rdzv.clock import Clock, SystemClock, now_of, to_millis, to_seconds
+from rdzv.clock import Clock, SteadyWallClock, SystemClock, now_of, to_millis, to_seconds
 from rdzv.errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -96,7 +96,7 @@ from spec.machine import (
 )
 from spec.settings import Settings
 from spec.state import Millis, NodeId, RendezvousState
-from spec.variants import KEY_BEATS, Variant, get_variant
+from spec.variants import KEY_BEATS, LOCAL, Variant, get_variant
 from spec.vocabulary import FailKind, Op
 
 __all__ = [
@@ -907,14 +907,22 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._backend = backend
         self._variant = variant
         self._clock = clock
+        # A variant that compares no wall clocks across machines gets a wall clock that
+        # cannot jump (SteadyWallClock): then only clock *rates* need to agree.
+        machine_clock = SteadyWallClock(clock) if variant.liveness_clock == LOCAL else clock
         self._config = Config(settings=self._spec_settings, variant=variant, decode=LastDecoded())
-        self._driver = NodeDriver(node, self._config, backend, clock, rng, settings.run_id)
+        self._driver = NodeDriver(node, self._config, backend, machine_clock, rng, settings.run_id)
         # Queries and closes run on a machine state of their own (own reads, tokens and
         # decoder: LastDecoded is not thread-safe), so that they never wait for a join and
         # never touch the join's view. Both write through compare-and-set: a write of one
         # makes the other's token stale, and a stale token only loses a race and re-reads.
         self._control = NodeDriver(
-            node, replace(self._config, decode=LastDecoded()), backend, clock, rng, settings.run_id
+            node,
+            replace(self._config, decode=LastDecoded()),
+            backend,
+            machine_clock,
+            rng,
+            settings.run_id,
         )
         self._lock = threading.Lock()
         """Serializes the operations of ``_driver``: exit, join, keep-alive, and the

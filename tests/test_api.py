@@ -36,7 +36,7 @@ from rdzv import (
     create_handler,
 )
 from rdzv import events as rdzv_events
-from rdzv.clock import FakeClock, SystemClock, now_of, to_millis, to_seconds
+from rdzv.clock import FakeClock, SteadyWallClock, SystemClock, now_of, to_millis, to_seconds
 from rdzv.handler import NODE_NONCE_BITS, new_node_id
 from rdzv.stores import MemoryStore
 from spec.codec import encode
@@ -457,6 +457,18 @@ def test_fake_clock_moves_only_when_told() -> None:
     with pytest.raises(ValueError, match="only moves forward"):
         clock.advance(-1)
     assert isinstance(SystemClock().monotonic(), float)
+
+
+def test_a_steady_wall_clock_ignores_steps_of_the_wall_clock_it_reads() -> None:
+    inner = FakeClock(mono_start=10.0, wall_start=100.0)
+    inner.skew_wall(5.0)  # read once at the start: the offset is 105 - 10
+    steady = SteadyWallClock(inner)
+    assert steady.inner is inner and (steady.monotonic(), steady.time()) == (10.0, 105.0)
+    inner.skew_wall(-3600.0)  # set back an hour afterwards: not seen
+    inner.advance(2.5)  # time passing is seen, at the monotonic clock's rate
+    assert (steady.monotonic(), steady.time()) == (12.5, 107.5)
+    assert steady.max_real_wait(3.0) == inner.max_real_wait(3.0)
+    assert steady.sleep(0.0) is False
 
 
 # -- events ------------------------------------------------------------------------------------

@@ -691,6 +691,40 @@ def test_a_dead_member_of_a_complete_round_is_reported_only_by_hardened(
         assert b.shutdown() is True
 
 
+# -- a wall clock stepped back (an NTP correction) ---------------------------------------------
+@pytest.mark.parametrize("protocol", ["upstream", "hardened"])
+def test_a_wall_clock_stepped_back_silences_a_node_only_under_upstream(protocol: str) -> None:
+    # a's system clock is set back an hour after the round formed. upstream times a
+    # node's own heartbeats on its wall clock: a thinks its last beat lies in the future,
+    # stops beating, and b evicts it. hardened runs on a wall clock that cannot jump
+    # (SteadyWallClock), so a beats on and stays a member: only clock rates must agree.
+    store = MemoryStore()
+    clock_a, clock_b = FakeClock(), FakeClock()
+    a = fake_clock_handler(store, clock_a, 2, 2, keep_alive_interval=5, protocol=protocol)
+    b = fake_clock_handler(store, clock_b, 2, 2, keep_alive_interval=5, protocol=protocol)
+    with stopping(a, b):
+        infos = run_all([a.next_rendezvous, b.next_rendezvous])
+        assert_one_round(infos, 2)
+        # Keep-alives are run by the test, in step with both clocks (no threads).
+        a._stop_heartbeats()
+        b._stop_heartbeats()
+        beat_before = stored_state(store).heartbeat_of(a.node)
+        clock_a.skew_wall(-3600.0)
+        for _ in range(4):  # 20 s: a silent node expires after 15 s
+            clock_a.advance(5.0)
+            clock_b.advance(5.0)
+            a._keep_alive(threading.Event())
+            b._keep_alive(threading.Event())
+        state = stored_state(store)
+        if protocol == "upstream":
+            assert state.heartbeat_of(a.node) is None or state.heartbeat_of(a.node) == beat_before
+            assert state.participant_nodes() == (b.node,)
+        else:
+            assert state.heartbeat_of(a.node) != beat_before
+            assert state.participant_nodes() == (a.node, b.node) and state.complete
+            assert a.num_nodes_waiting() == b.num_nodes_waiting() == 0
+
+
 # -- a node that will not work in its round stops its heartbeats ------------------------------
 class _RoundStoreDown(MemoryStore):
     """A store every round-namespace call of which fails, as on a lost connection."""
