@@ -5,7 +5,10 @@
   with SIGKILL between rounds is pruned once its heartbeat expired and the rest re-form;
   a late process waits and joins the next round. One killed with SIGKILL inside
   ``next_rendezvous`` of a round still open (on redis, etcd and sqlite) is pruned once
-  its heartbeat expired, and the round completes with newcomers, without it.
+  its heartbeat expired, and the round completes with newcomers, without it. A member
+  of a complete round of four killed while the others train (``hardened`` and ``scale``,
+  rank 0 or another) is reported to every survivor by ``num_nodes_waiting()``, and the
+  three form the next round.
 - Faults (real handlers in threads of this process, each with its own store
   connection): the server restarts mid-rendezvous (with persistence the round
   completes; without it every node gets a clear ``RendezvousConnectionError``); a TCP
@@ -72,6 +75,8 @@ class StoreCluster:
         self.work.mkdir()
         self.url = url
         self.lo, self.hi = lo, hi
+        self.poll_waiting = False
+        """Workers started from now on poll ``num_nodes_waiting()`` after each round."""
         self.config = {"join_timeout": "60", "cache_duration": "0", **config}
         self.procs: dict[int, multiprocessing.process.BaseProcess] = {}
 
@@ -79,7 +84,7 @@ class StoreCluster:
         ctx = multiprocessing.get_context("spawn")
         for i in indices:
             config = json.dumps(self.config)
-            args = (self.url, i, str(self.work), self.lo, self.hi, config, first)
+            args = (self.url, i, str(self.work), self.lo, self.hi, config, first, self.poll_waiting)
             proc = ctx.Process(target=_worker, args=args, daemon=True)
             proc.start()
             self.procs[i] = proc  # before the next one starts: stop() sees every one
@@ -87,8 +92,12 @@ class StoreCluster:
             assert _wait_for_file(self.work / f"ready-{i}", PROCESS_JOIN), f"worker {i} hung"
 
     def result(self, k: int, i: int) -> dict[str, Any]:
-        path = self.work / f"result-{k}-{i}.json"
-        assert _wait_for_file(path, PROCESS_JOIN), f"worker {i} did not finish its round {k}"
+        return self.report(f"result-{k}-{i}", f"worker {i} did not finish its round {k}")
+
+    def report(self, name: str, missing: str) -> dict[str, Any]:
+        """The report ``<name>.json`` of a worker; fails with ``missing`` after PROCESS_JOIN."""
+        path = self.work / f"{name}.json"
+        assert _wait_for_file(path, PROCESS_JOIN), missing
         report: dict[str, Any] = json.loads(path.read_text())
         return report
 
@@ -302,6 +311,45 @@ def test_a_process_killed_inside_an_open_round_is_pruned(store_url: str, tmp_pat
         assert {r["round"] for r in results} == {joined.round}
         by_node = sorted(results, key=lambda r: _node_key(r["node"]))
         assert [r["rank"] for r in by_node] == list(range(8))
+
+
+@pytest.mark.parametrize("victim_rank", [0, 2], ids=["rank0", "rank2"])
+@pytest.mark.parametrize("protocol", ["hardened", "scale"])
+def test_survivors_learn_that_a_member_of_their_round_was_killed(
+    store_url: str, tmp_path: Path, protocol: str, victim_rank: int
+) -> None:
+    # Model checker finding 2 with real processes: a member of a complete round is
+    # SIGKILLed while the others train (nobody calls next_rendezvous). Each survivor's
+    # num_nodes_waiting(), which torch's agent polls, must rise above 0 without help, and
+    # the survivors then form the next round without the dead one. Under `scale` rank 0
+    # (the first member in sorted order) watches everybody's heartbeat key and the others
+    # watch rank 0's, so killing rank 0 and killing another member take different paths.
+    # Heartbeats every 0.5 s; dead after 6 missed ones (3 s), as in the tests above.
+    config = {"keep_alive_interval": "0.5", "keep_alive_max_attempt": "6", "protocol": protocol}
+    with store_cluster(tmp_path / "work", store_url, 3, 4, last_call_timeout="1", **config) as c:
+        c.poll_waiting = True
+        c.start(list(range(4)))
+        first = c.round(0, list(range(4)))
+        print(json.dumps(first, indent=1))  # shown when the checks below fail
+        _check_round(first, 4)
+        assert not list(c.work.glob("waiting-*")), "a member was reported gone while all lived"
+
+        victim = next(i for i, r in enumerate(first) if r["rank"] == victim_rank)
+        proc = c.procs[victim]
+        assert proc.pid is not None
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(PROCESS_JOIN)
+        assert proc.exitcode == -signal.SIGKILL
+        survivors = [i for i in range(4) if i != victim]
+        for i in survivors:
+            noticed = c.report(f"waiting-0-{i}", f"survivor {i} was never told of the death")
+            assert noticed["waiting"] >= 1
+
+        second = c.round(1, survivors)
+        print(json.dumps(second, indent=1))
+        _check_round(second, 3)
+        assert first[victim]["node"] not in {r["node"] for r in second}
+        assert {r["round"] for r in second} == {first[0]["round"] + 1}
 
 
 # -- threads -------------------------------------------------------------------------------

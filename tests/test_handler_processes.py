@@ -15,14 +15,20 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from rdzv import DynamicRendezvousHandler
 
 PROCESS_JOIN = 60.0
 """Real seconds the test waits for a worker to report or exit."""
 WORKER_POLL = 0.01
 """Real seconds between a worker's looks for its next command file."""
+
+WORKER_POLL_WAITING = 0.1
+"""Real seconds between a worker's ``num_nodes_waiting()`` calls after a round."""
 
 ROUND_FILES = 20
 """``stop`` touches ``go0`` .. ``go19``: past the last round any worker can reach."""
@@ -44,12 +50,21 @@ def _wait_for_file(path: Path, within: float) -> bool:
 
 
 def _worker(
-    url: str, index: int, work: str, min_nodes: int, max_nodes: int, config: str, first: int = 0
+    url: str,
+    index: int,
+    work: str,
+    min_nodes: int,
+    max_nodes: int,
+    config: str,
+    first: int = 0,
+    poll_waiting: bool = False,
 ) -> None:
     """Run rounds ``first``, ``first + 1``, ... on command: round ``k`` starts on the file
     ``go<k>`` (everyone) or ``go<k>-<index>`` (this worker alone). A worker started late
     passes the round it first takes part in, so the ``go`` files of earlier rounds (which
-    stay on disk) do not make it re-rendezvous at once."""
+    stay on disk) do not make it re-rendezvous at once. With ``poll_waiting`` a worker
+    that joined round ``k`` then polls ``num_nodes_waiting()`` as torch's agent does, and
+    writes ``waiting-<k>-<index>.json`` once it is above 0 (see :func:`_poll_waiting`)."""
     from rdzv import RendezvousError, RendezvousParameters, create_handler
 
     folder = Path(work)
@@ -72,10 +87,32 @@ def _worker(
             }
         except RendezvousError as exc:
             report = {"node": str(handler.node), "error": f"{type(exc).__name__}: {exc}"}
-        tmp = folder / f"result-{k}-{index}.tmp"
-        tmp.write_text(json.dumps(report))
-        tmp.rename(folder / f"result-{k}-{index}.json")
+        _write_report(folder, f"result-{k}-{index}", report)
+        if poll_waiting and "error" not in report:
+            _poll_waiting(handler, folder, k, index)
     handler.shutdown()
+
+
+def _write_report(folder: Path, name: str, report: dict[str, Any]) -> None:
+    """Write ``<name>.json`` whole (a reader never sees half a file)."""
+    tmp = folder / f"{name}.tmp"
+    tmp.write_text(json.dumps(report))
+    tmp.rename(folder / f"{name}.json")
+
+
+def _poll_waiting(handler: DynamicRendezvousHandler, folder: Path, k: int, index: int) -> None:
+    """Poll ``num_nodes_waiting()`` every WORKER_POLL_WAITING s, as torch's agent does
+    between its health checks, until it is above 0 (write ``waiting-<k>-<index>.json``
+    with the count) or the next command comes; bounded by PROCESS_JOIN."""
+    commands = (folder / f"go{k + 1}", folder / f"go{k + 1}-{index}", folder / "stop")
+    end = time.monotonic() + PROCESS_JOIN
+    while time.monotonic() < end and not any(path.exists() for path in commands):
+        waiting = handler.num_nodes_waiting()
+        if waiting > 0:
+            report = {"node": str(handler.node), "waiting": waiting}
+            _write_report(folder, f"waiting-{k}-{index}", report)
+            return
+        time.sleep(WORKER_POLL_WAITING)
 
 
 class Cluster:
