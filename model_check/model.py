@@ -1146,6 +1146,13 @@ CLOSED_OUTCOMES = frozenset(
 FAULT_ERRORS = (f"raised {FailKind.CONNECTION.value}", f"raised {FailKind.CORRUPT_STATE.value}")
 """How an operation ends when an injected fault hits it (acceptable once a fault happened)."""
 
+DEAD_LISTED = "dead and listed: "
+"""How a problem of :func:`unfinished_calls` starts when a crashed identity is still
+listed in the store while other processes run."""
+
+HALTED_PCS = frozenset({Pc.NEW, Pc.ENDED, Pc.CRASHED})
+"""Processes that run nothing: not started, ended or crashed."""
+
 ENDED_WRONGLY = "ended wrongly: "
 """Prefix of a problem that no later move can undo (an ended process stays ended)."""
 
@@ -1154,17 +1161,31 @@ def unfinished_calls(world: World, cfg: ModelConfig) -> list[str]:
     """Why ``world`` is not an acceptable end of a run (empty if it is).
 
     Acceptable: every process's ``next_rendezvous`` call returned (it is a member), is
-    legitimately standing by (listed on the wait or redundancy list of a complete round),
-    or ended as the spec prescribes: closed / graceful exit / shut down once the
-    rendezvous is closed, a timeout while waiting as a late node (:data:`LATE_TIMEOUT`), or
-    a timeout while fewer than min_nodes processes were available (:data:`FEW_TIMEOUT`).
-    Once the rendezvous is closed, no process may still be running (every call must have
-    ended with the closed outcome). Not started and crashed processes are not judged, and
-    once a fault was injected an operation may also have ended with the fault's error
-    (:data:`FAULT_ERRORS`).
+    legitimately standing by (listed on the wait or redundancy list of a complete round
+    that still has a live participant, one that has neither crashed nor ended, who can
+    let it in), or ended as the spec prescribes: closed / graceful exit / shut down once
+    the rendezvous is closed, a timeout while waiting as a late node
+    (:data:`LATE_TIMEOUT`), or a timeout while fewer than min_nodes processes were
+    available (:data:`FEW_TIMEOUT`). Once the rendezvous is closed, no process may still
+    be running (every call must have ended with the closed outcome). While some process
+    is still running, no identity that runs nothing (crashed, replaced by a restart, or
+    ended) may stay listed in the store: dead nodes must be pruned (:data:`DEAD_LISTED`).
+    Not started and crashed processes are not judged, and once a fault was injected an
+    operation may also have ended with the fault's error (:data:`FAULT_ERRORS`).
     """
     stored = store_state(world)
     problems: list[str] = []
+    running = {p.ident for p in world.procs if p.pc not in HALTED_PCS}
+    live_member = any(n in running for n in stored.participant_nodes())
+    if running and not stored.closed:
+        for where, nodes in (
+            ("a participant", stored.participant_nodes()),
+            ("on the wait list", stored.wait_list),
+            ("on the redundancy list", stored.redundancy_list),
+        ):
+            for n in nodes:
+                if n not in running:
+                    problems.append(f"{DEAD_LISTED}{n} is still listed as {where}")
     for p in world.procs:
         if p.pc is Pc.ENDED:
             if p.outcome in CLOSED_OUTCOMES:
@@ -1184,7 +1205,12 @@ def unfinished_calls(world: World, cfg: ModelConfig) -> list[str]:
             standing_by = stored.complete and (
                 p.ident in stored.wait_list or p.ident in stored.redundancy_list
             )
-            if not standing_by:
+            if standing_by and not live_member:
+                problems.append(
+                    f"{p.ident} stands by for round {stored.round}, whose participants have "
+                    "all crashed or ended"
+                )
+            elif not standing_by:
                 problems.append(
                     f"{p.ident}'s next_rendezvous is pending (round {stored.round}, "
                     f"{'complete' if stored.complete else 'open'}) without standing by as "

@@ -1,8 +1,8 @@
 """Deliberately broken protocol variants: the checker must catch each of them.
 
-Each is a :meth:`spec.Variant.derive` diff of ``upstream``; none is a protocol anyone
-should run. The CLI accepts them as ``--protocol planted-...`` so a counterexample can be
-replayed from the command line.
+Each is a :meth:`spec.Variant.derive` diff of ``upstream`` (or, for the one about heartbeat
+keys, of ``scale``); none is a protocol anyone should run. The CLI accepts them as
+``--protocol planted-...`` so a counterexample can be replayed from the command line.
 """
 
 from __future__ import annotations
@@ -10,7 +10,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from spec import UPSTREAM, Action, Atom, NodeId, Op, RendezvousState, Settings, Variant, row
+from spec import (
+    SCALE,
+    UPSTREAM,
+    Action,
+    Atom,
+    NodeId,
+    Op,
+    RendezvousState,
+    Settings,
+    Variant,
+    row,
+)
 from spec.state import Millis
 
 
@@ -155,6 +166,26 @@ NEVER_JOINS = UPSTREAM.derive(
     rows={(Op.JOIN, _join_row_index(Action.ADD_TO_PARTICIPANTS)): None},
 )
 
+
+def _standing_by_watch_rows() -> dict[tuple[Op, int], None]:
+    return {
+        (Op.JOIN, index): None
+        for index, r in enumerate(SCALE.table(Op.JOIN).rows)
+        if r.then in (Action.WATCH, Action.PRUNE_DEAD)
+    }
+
+
+UNWATCHED_STANDBY = SCALE.derive(
+    "planted-unwatched-standby",
+    description=(
+        "scale without the rows by which a node standing by watches the first participant "
+        "of the complete round it waits for (as scale was until they were added): a node "
+        "standing by for a round whose members all died waits for it for ever, or until "
+        "its deadline"
+    ),
+    rows=_standing_by_watch_rows(),
+)
+
 PLANTED: Mapping[str, Variant] = MappingProxyType(
     {
         v.name: v
@@ -166,6 +197,7 @@ PLANTED: Mapping[str, Variant] = MappingProxyType(
             BUSY_KEEP_ALIVE,
             NEVER_FINISHES,
             NEVER_JOINS,
+            UNWATCHED_STANDBY,
         )
     }
 )

@@ -399,7 +399,7 @@ def _beat_due(w: World, c: SymContext) -> Z:
 
 def _watch_due(w: World, c: SymContext) -> Z:
     z3 = w.z3
-    member = z3.And(c.state.complete, c.state.participants[c.node])
+    member = z3.And(c.state.complete, _listed(c))
     if c.watch_age is None:
         return member
     return z3.And(member, z3.Or(c.watch_age < 0, c.watch_age >= c.settings.keep_alive_interval))

@@ -425,14 +425,23 @@ def next_beat(local: Local, config: Config) -> int:
 
 def watched(view: RendezvousState, node: NodeId) -> tuple[NodeId, ...]:
     """The nodes whose heartbeat keys ``node`` watches (heartbeats under keys): in a
-    complete round, the first participant in sorted order watches all the others and
-    each of the others watches it; otherwise nobody. Every participant is watched by
-    someone, and each node reads one key per interval except the first, which reads
-    W - 1: the traffic per interval is linear in the number of nodes."""
-    if not (view.complete and view.is_participant(node)):
+    complete round, the first participant in sorted order watches every other node
+    listed (the other participants, then the nodes standing by on the wait list and the
+    redundancy list) and each of those watches it; otherwise nobody. So every listed
+    node of a complete round is watched by someone, a node standing by finds out when
+    the round it waits for has lost its first participant (its own prune then ends that
+    round), and each node reads one key per interval except the first, which reads one
+    per other listed node: the traffic per interval is linear in the number of nodes."""
+    if not view.complete:
         return ()
     members = view.participant_nodes()
-    return members[1:] if node == members[0] else (members[0],)
+    if not members:
+        return ()
+    if node == members[0]:
+        standing = sorted({*view.wait_list, *view.redundancy_list} - {node})
+        return (*members[1:], *standing)
+    listed = view.is_participant(node) or view.is_waiting(node) or view.is_redundant(node)
+    return (members[0],) if listed else ()
 
 
 def _watched(local: Local, event: BeatValues, config: Config) -> Local:
@@ -447,8 +456,8 @@ def _watched(local: Local, event: BeatValues, config: Config) -> Local:
 
 
 def dead_watched(local: Local, mono: Millis, settings: Settings) -> tuple[NodeId, ...]:
-    """Watched nodes, still participants in the view, whose heartbeat value this node
-    has seen stand still for longer than the expiry (on its monotonic clock)."""
+    """Watched nodes, still listed in the view, whose heartbeat value this node has
+    seen stand still for longer than the expiry (on its monotonic clock)."""
     watching = set(watched(local.view, local.node))
     return tuple(
         n for n, _, seen in local.watch if n in watching and mono - seen > settings.heartbeat_expiry

@@ -129,14 +129,19 @@ def _fold_due(ctx: Context) -> bool:
     return size >= settings.min_nodes and ctx.state.num_participants < settings.min_nodes
 
 
-def _beat_due(ctx: Context) -> bool:
+def _listed(ctx: Context) -> bool:
     state, node = ctx.state, ctx.node
-    listed = state.is_participant(node) or state.is_waiting(node) or state.is_redundant(node)
-    return listed and (ctx.beat_age is None or ctx.beat_age >= ctx.settings.keep_alive_interval)
+    return state.is_participant(node) or state.is_waiting(node) or state.is_redundant(node)
+
+
+def _beat_due(ctx: Context) -> bool:
+    return _listed(ctx) and (
+        ctx.beat_age is None or ctx.beat_age >= ctx.settings.keep_alive_interval
+    )
 
 
 def _watch_due(ctx: Context) -> bool:
-    if not (ctx.state.complete and ctx.state.is_participant(ctx.node)):
+    if not (ctx.state.complete and _listed(ctx)):
         return False
     return ctx.watch_age is None or ctx.watch_age >= ctx.settings.keep_alive_interval
 
@@ -197,8 +202,8 @@ ATOM_DOCS: dict[Atom, str] = {
         "this node is listed and has not written its heartbeat key for keep_alive_interval"
     ),
     Atom.WATCH_DUE: (
-        "this node is a participant of a complete round and has not read the heartbeat "
-        "keys it monitors for keep_alive_interval"
+        "this node is listed in a complete round (a participant, waiting or redundant) "
+        "and has not read the heartbeat keys it monitors for keep_alive_interval"
     ),
     Atom.MONITORED_DEAD: (
         "a node this node monitors, still listed, has shown the same heartbeat for longer "

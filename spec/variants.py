@@ -32,11 +32,12 @@ Switches:
     a compare-and-set of the whole state, and every node observes every heartbeat on
     every read. ``"keys"``: each node writes its heartbeat under its own key (no
     compare-and-set, no conflict) and the state's heartbeat entries only record when a
-    node was listed; a participant of a complete round watches a few heartbeat keys
-    (the first participant in sorted order watches the others, the others watch it) on
+    node was listed; a node listed in a complete round watches a few heartbeat keys
+    (the first participant in sorted order watches everybody else listed, participants
+    and nodes standing by on the wait or redundancy list; each of them watches it) on
     its own monotonic clock, and prunes a watched node whose heartbeat stood still past
-    the expiry. Open rounds and waiting nodes are not watched: a dead one is found once
-    its round completes. Requires ``liveness_clock="local"``.
+    the expiry. Nodes of open rounds are not watched: a dead one is found once its
+    round completes. Requires ``liveness_clock="local"``.
 
 ``prune``
     Removes the expired nodes (:func:`spec.effects.prune`, or the hardened
@@ -175,7 +176,7 @@ class Variant:
         *,
         description: str,
         rows: Mapping[tuple[Op, int], Row | None] | None = None,
-        insert: Mapping[tuple[Op, int], Row] | None = None,
+        insert: Mapping[tuple[Op, int], Row | tuple[Row, ...]] | None = None,
         effects: Mapping[Action, Effect] | None = None,
         folds: Mapping[Action, Fold] | None = None,
         prune_marks_dirty: bool | None = None,
@@ -187,7 +188,8 @@ class Variant:
         """A new variant that differs from this one only as listed.
 
         ``rows`` replaces the row at (op, index) (``None`` deletes it); ``insert`` puts a
-        row before (op, index); indices refer to this variant's tables.
+        row, or several rows in the order given, before (op, index); indices refer to this
+        variant's tables.
         """
         changes: list[str] = []
         tables = dict(self.tables)
@@ -204,8 +206,7 @@ class Variant:
             old = list(tables[op].rows)
             new: list[Row] = []
             for index, current in enumerate(old):
-                if (op, index) in (insert or {}):
-                    added = (insert or {})[(op, index)]
+                for added in _inserted(insert, op, index):
                     new.append(added)
                     changes.append(f"{op.value}: insert before row {index}: {_fmt(added)}")
                 replacement = (rows or {}).get((op, index), current)
@@ -218,8 +219,7 @@ class Variant:
                     )
                 assert replacement is not None
                 new.append(replacement)
-            if (op, len(old)) in (insert or {}):
-                added = (insert or {})[(op, len(old))]
+            for added in _inserted(insert, op, len(old)):
                 new.append(added)
                 changes.append(f"{op.value}: append {_fmt(added)}")
             tables[op] = Table(op, tuple(new))
@@ -261,6 +261,14 @@ class Variant:
 
 def _fmt(r: Row) -> str:
     return f"[{r.guard_text()} -> {r.then.value}]"
+
+
+def _inserted(
+    insert: Mapping[tuple[Op, int], Row | tuple[Row, ...]] | None, op: Op, index: int
+) -> tuple[Row, ...]:
+    """The rows ``insert`` puts before (op, index), in order (none if it puts none)."""
+    added = (insert or {}).get((op, index), ())
+    return (added,) if isinstance(added, Row) else added
 
 
 UPSTREAM = Variant(
@@ -326,9 +334,13 @@ _GIVE_UP_ROW = 9
 assert HARDENED.tables[Op.JOIN].rows[_GIVE_UP_ROW].then is Action.ERROR_TIMEOUT
 
 _STAND_BY_BEAT_ROW = 2
+_STAND_BY_SYNC_ROW = 3
 _WAITING_BEAT_ROW = 14
+_WAITING_SYNC_ROW = 15
 assert HARDENED.tables[Op.JOIN].rows[_STAND_BY_BEAT_ROW].then is Action.KEEP_ALIVE
+assert HARDENED.tables[Op.JOIN].rows[_STAND_BY_SYNC_ROW].then is Action.SYNC
 assert HARDENED.tables[Op.JOIN].rows[_WAITING_BEAT_ROW].then is Action.KEEP_ALIVE
+assert HARDENED.tables[Op.JOIN].rows[_WAITING_SYNC_ROW].then is Action.SYNC
 
 SCALE = HARDENED.derive(
     "scale",
@@ -339,8 +351,9 @@ SCALE = HARDENED.derive(
         "min_nodes or max_nodes (or any announcer that waited a keep-alive interval in "
         "vain) folds the whole set into the state in one write, and the last call ends "
         "with a fold too. Each node beats under its own key; in a complete round the "
-        "first participant watches everybody and everybody watches it. A node whose join "
-        "deadline passes while only announced takes its announcement back."
+        "first participant watches everybody listed (the other participants and the "
+        "nodes standing by) and everybody listed watches it. A node whose join deadline "
+        "passes while only announced takes its announcement back."
     ),
     heartbeats=KEY_BEATS,
     rows={
@@ -384,6 +397,22 @@ SCALE = HARDENED.derive(
         ),
     },
     insert={
+        (Op.JOIN, _STAND_BY_SYNC_ROW): (
+            row(
+                Atom.REDUNDANT,
+                Atom.AT_MAX,
+                Atom.WATCH_DUE,
+                then=Action.WATCH,
+                why="standing by: read the first participant's heartbeat",
+            ),
+            row(
+                Atom.REDUNDANT,
+                Atom.AT_MAX,
+                Atom.MONITORED_DEAD,
+                then=Action.PRUNE_DEAD,
+                why="the round we stand by for lost its first participant: prune it",
+            ),
+        ),
         (Op.JOIN, _GIVE_UP_ROW): row(
             Atom.PAST_DEADLINE,
             Atom.IN_ROLLBACK_WINDOW,
@@ -397,6 +426,22 @@ SCALE = HARDENED.derive(
             Atom.FOLD_DUE,
             then=Action.FOLD,
             why="admit everybody announced so far",
+        ),
+        (Op.JOIN, _WAITING_SYNC_ROW): (
+            row(
+                Atom.COMPLETE,
+                Atom.WAITING,
+                Atom.WATCH_DUE,
+                then=Action.WATCH,
+                why="waiting: read the first participant's heartbeat",
+            ),
+            row(
+                Atom.COMPLETE,
+                Atom.WAITING,
+                Atom.MONITORED_DEAD,
+                then=Action.PRUNE_DEAD,
+                why="the round we wait for lost its first participant: prune it",
+            ),
         ),
         (Op.KEEP_ALIVE, 2): row(Atom.BEAT_DUE, then=Action.BEAT, why="write our heartbeat key"),
         (Op.KEEP_ALIVE, 3): row(then=Action.PRUNE_DEAD, why="a watched node is dead: prune it"),

@@ -691,6 +691,149 @@ def test_a_dead_member_of_a_complete_round_is_reported_only_by_hardened(
         assert b.shutdown() is True
 
 
+# -- nodes standing by for a round whose members died -------------------------------------------
+STEPS = 400
+"""Bound on the 1 s steps of fake time a test below moves on before it gives up."""
+
+
+class Call:
+    """``fn()`` in a daemon thread; ``result`` is what it returned or raised."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.result: Any = None
+        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self.result = fn()
+        except BaseException as exc:
+            self.result = exc
+
+    @property
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+
+def advance_until(clock: FakeClock, done: Callable[[], bool], what: str) -> None:
+    """Move ``clock`` on in 1 s steps, with a little real time after each for the
+    handlers' threads to act, until ``done()``; at most STEPS steps."""
+    for _ in range(STEPS):  # bounded
+        if done():
+            return
+        clock.advance(1.0)
+        time.sleep(0.02)
+    assert done(), f"{what}: not within {STEPS} s of fake time"
+
+
+@pytest.mark.parametrize("protocol", ["upstream", "hardened", "scale"])
+@pytest.mark.parametrize("max_nodes", [1, 2], ids=["redundant", "waiting"])
+def test_a_node_standing_by_for_a_round_whose_members_died_forms_the_next(
+    protocol: str, max_nodes: int
+) -> None:
+    # a forms a round alone (min_nodes 1). b calls next_rendezvous later and stands by:
+    # on the redundancy list (max_nodes 1: the round is full) or on the wait list
+    # (max_nodes 2). Then a dies silently. b must not stand by for a dead round until its
+    # deadline (or, redundant, for ever): it finds a dead and forms the next round alone.
+    # Found with real torchrun under `scale`, whose waiting nodes watched nobody.
+    clock = FakeClock()
+    store = MemoryStore()
+    timeout = RendezvousTimeout(join=timedelta(seconds=600), last_call=timedelta(seconds=1))
+    a, b = (
+        fake_clock_handler(store, clock, 1, max_nodes, protocol=protocol, timeout=timeout)
+        for _ in range(2)
+    )
+    with stopping(a, b):
+        first = Call(a.next_rendezvous)
+        advance_until(clock, lambda: first.done, "a forms a round alone")
+        assert isinstance(first.result, RendezvousInfo), first.result
+        assert (first.result.round, first.result.world_size) == (0, 1)
+        a._stop_heartbeats()  # a dies silently: no more heartbeats, no exit
+        late = Call(b.next_rendezvous)
+        try:
+            wait_for_stored(
+                store,
+                lambda s: b.node in (*s.wait_list, *s.redundancy_list),
+                "b stands by",
+            )
+            advance_until(clock, lambda: late.done, "b forms the next round")
+        finally:
+            if not late.done:
+                b.shutdown()  # a close ends the join that still stands by
+                late.thread.join(THREAD_JOIN)
+        info = late.result
+        assert isinstance(info, RendezvousInfo), info
+        assert (info.round, info.rank, info.world_size) == (1, 0, 1)
+        state = stored_state(store)
+        assert state.participant_nodes() == (b.node,)
+        assert a.node not in (*state.wait_list, *state.redundancy_list)
+        assert b.shutdown() is True
+
+
+class FailingStore:
+    """``inner`` until ``fail`` is set; from then on every call raises, as for a process
+    that lost its store for good."""
+
+    def __init__(self, inner: Store) -> None:
+        self._inner = inner
+        self.fail = False
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.fail:
+                raise ConnectionResetError(f"connection reset ({name})")
+            return attr(*args, **kwargs)
+
+        return call
+
+
+@pytest.mark.parametrize("protocol", ["upstream", "hardened", "scale"])
+def test_a_dead_node_on_the_wait_list_is_pruned(protocol: str) -> None:
+    # a and b form a round (min 2, max 3); c joins the wait list, then its process dies
+    # (here: its store connection fails, so its join ends and it never beats again).
+    # torch's agents re-rendezvous while num_nodes_waiting() > 0, so a dead waiter left
+    # listed would restart their workers again and again: the members must prune it once
+    # its heartbeat expired. Under `scale` nobody watched waiting nodes.
+    clock = FakeClock()
+    store = MemoryStore()
+    timeout = RendezvousTimeout(last_call=timedelta(seconds=1))
+    a, b = (
+        fake_clock_handler(store, clock, 2, 3, protocol=protocol, timeout=timeout) for _ in range(2)
+    )
+    broken = FailingStore(store)
+    c = fake_clock_handler(broken, clock, 2, 3, protocol=protocol, timeout=timeout)
+    with stopping(a, b, c):
+        calls = [Call(a.next_rendezvous), Call(b.next_rendezvous)]
+        advance_until(clock, lambda: all(call.done for call in calls), "a and b form a round")
+        assert_one_round([call.result for call in calls], 2)
+        waiter = Call(c.next_rendezvous)
+        wait_for_stored(store, lambda s: s.wait_list == (c.node,), "c waits")
+        assert a.num_nodes_waiting() == 1
+        broken.fail = True
+        waiter.thread.join(THREAD_JOIN)
+        assert isinstance(waiter.result, RendezvousConnectionError), waiter.result
+        # Keep-alives are run by the test, in step with the clock (no threads).
+        a._stop_heartbeats()
+        b._stop_heartbeats()
+        # 30 s: c stopped beating at t = 0 and expires after 15 s; under the local
+        # liveness clock (hardened, scale) that is 15 s after an observer first saw its
+        # last value, which the members read first at their keep-alive at t = 5 s.
+        for _ in range(6):
+            clock.advance(5.0)
+            a._keep_alive(threading.Event())
+            b._keep_alive(threading.Event())
+        state = stored_state(store)
+        assert state.wait_list == ()
+        assert state.complete and set(state.participant_nodes()) == {a.node, b.node}
+        assert a.num_nodes_waiting() == b.num_nodes_waiting() == 0
+        assert a.shutdown() is True
+        assert b.shutdown() is True
+
+
 # -- a wall clock stepped back (an NTP correction) ---------------------------------------------
 @pytest.mark.parametrize("protocol", ["upstream", "hardened"])
 def test_a_wall_clock_stepped_back_silences_a_node_only_under_upstream(protocol: str) -> None:

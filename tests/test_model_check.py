@@ -268,9 +268,10 @@ def test_the_correct_protocol_holds_in_the_planted_configurations() -> None:
         assert explore(fixed).violation is None
 
 
-def test_planted_variants_are_derived_from_upstream() -> None:
+def test_planted_variants_are_derived_from_upstream_or_scale() -> None:
     for variant in PLANTED.values():
-        assert variant.parent == spec.UPSTREAM.name
+        keys = variant.name == "planted-unwatched-standby"
+        assert variant.parent == (spec.SCALE if keys else spec.UPSTREAM).name
         assert variant.changes
 
 
@@ -515,6 +516,63 @@ def test_bad_max_depth_is_a_usage_error(
 def test_the_default_run_holds_every_property(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--nodes", "8", "--quiet"]) == 0
     assert "result=complete" in capsys.readouterr().out
+
+
+def test_a_node_standing_by_for_a_dead_round_is_caught_and_the_protocols_hold() -> None:
+    # planted-unwatched-standby is scale before nodes standing by watched the round's
+    # first participant: n_0_0 forms a round alone and crashes, n_1_0 arrives late and
+    # stands by on the redundancy list (max_nodes 1) for ever. Standing by only counts as
+    # an acceptable end while the round has a live participant, and a dead node may not
+    # stay listed while others run, so the liveness property reports it.
+    base: dict[str, object] = {
+        "nodes": 2,
+        "min_nodes": 1,
+        "max_nodes": 1,
+        "late": 1,
+        "faults": Faults(crash=1),
+    }
+    cfg = _cfg(variant=PLANTED["planted-unwatched-standby"], **base)
+    result = explore(cfg)
+    assert result.violation is not None and result.violation.name == CALLS_END
+    assert "stands by for round 0, whose participants have all crashed or ended" in (
+        result.violation.message
+    )
+    assert "dead and listed: n_0_0 is still listed as a participant" in result.violation.message
+    steps, world = replay(cfg, result.path)
+    assert not steps[-1][1].violations  # no safety property is involved
+    assert doomed_from(world, cfg) is not None
+    for variant in (spec.SCALE, spec.HARDENED, spec.UPSTREAM):
+        assert explore(_cfg(variant=variant, **base)).violation is None, variant.name
+
+
+def _progress(world: World, cfg: ModelConfig) -> Move:
+    """The first enabled move that is neither a fault nor a shutdown."""
+    return next(m for m in enabled(world, cfg) if m.kind in ("io", "wake", "tick"))
+
+
+def test_a_dead_node_must_not_stay_listed_while_others_run() -> None:
+    cfg = _cfg(nodes=2, min_nodes=2, max_nodes=2, faults=Faults(crash=1), variant=spec.HARDENED)
+    world = make_initial(cfg)
+    for move in [Move("start", 0), Move("start", 1)]:
+        world = apply(world, move, cfg).world
+    for _ in range(200):  # bounded: the round completes in a few moves
+        if all(p.returned for p in world.procs):
+            break
+        world = apply(world, _progress(world, cfg), cfg).world
+    assert unfinished_calls(world, cfg) == []
+    world = apply(world, Move("crash", 0), cfg).world
+    dead = world.procs[0].ident
+    assert f"dead and listed: {dead} is still listed as a participant" in unfinished_calls(
+        world, cfg
+    )
+    # The survivor's heartbeats find it expired and prune it (hardened also ends the
+    # broken round); then nothing is wrong any more.
+    for _ in range(200):  # bounded: a few ticks until the expiry
+        if not any(p.startswith("dead and listed") for p in unfinished_calls(world, cfg)):
+            break
+        world = apply(world, _progress(world, cfg), cfg).world
+    assert dead not in spec.decode(world.store or b"").heartbeat_map()
+    assert not any(p.startswith("dead and listed") for p in unfinished_calls(world, cfg))
 
 
 def test_a_close_must_end_every_call() -> None:

@@ -759,11 +759,17 @@ def test_a_bad_conf_value_stops_torchrun_with_a_clear_error(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["hardened", "scale"])
 def test_survivors_rerendezvous_when_an_agent_is_killed(
-    cluster_factory: Callable[[str], Cluster], tmp_path: Path
+    cluster_factory: Callable[[str], Cluster], tmp_path: Path, protocol: str
 ) -> None:
+    # The survivor's worker fails at once (its peer's socket closes), so its agent
+    # re-rendezvouses before the dead node's heartbeat expired: it leaves the complete
+    # round and waits, and must find the dead node itself. Under `scale` it waited for
+    # good until waiting nodes watched the first participant.
     cluster = cluster_factory(_sqlite_url(tmp_path))
-    a, b = (cluster.start(n, "1:3", max_restarts=3) for n in ("a", "b"))
+    conf = dict(FAST_CONF, protocol=protocol)
+    a, b = (cluster.start(n, "1:3", max_restarts=3, conf=conf) for n in ("a", "b"))
     cluster.wait_for(
         "both nodes train in a world of 2",
         lambda: cluster.sees_world("a", 2) and cluster.sees_world("b", 2),
