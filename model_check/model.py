@@ -640,9 +640,11 @@ def forget_stale_watch(world: World, cfg: ModelConfig) -> World:
     """Forget what a watcher's records and timestamps can no longer tell (an exact
     abstraction; see docs/model_checker.md).
 
-    A watch record (node, value, first seen) is consulted in two places only: a keep-alive
-    that has read the watched keys within the last interval asks whether a watched node's
-    value stood still past the expiry (``spec.dead_watched``); and the watcher's next read
+    A watch record (node, value, first seen) is consulted in two places only: a watcher
+    that has read the watched keys within the last interval (a member's keep-alive, or
+    the join operation of a node standing by, whose tables put the watch row before the
+    prune row) asks whether a watched node's value stood still past the expiry
+    (``spec.dead_watched``); and the watcher's next read
     keeps the record's first-seen time if the key still holds the value, or restarts it.
     Once the watch is due again (``watched_at`` at least an interval ago, or never) the
     first cannot happen before that read. If by then the key already holds another value,
@@ -1147,8 +1149,8 @@ FAULT_ERRORS = (f"raised {FailKind.CONNECTION.value}", f"raised {FailKind.CORRUP
 """How an operation ends when an injected fault hits it (acceptable once a fault happened)."""
 
 DEAD_LISTED = "dead and listed: "
-"""How a problem of :func:`unfinished_calls` starts when a crashed identity is still
-listed in the store while other processes run."""
+"""How a problem of :func:`unfinished_calls` starts when an identity that runs nothing is
+still listed in a complete round while other processes run."""
 
 HALTED_PCS = frozenset({Pc.NEW, Pc.ENDED, Pc.CRASHED})
 """Processes that run nothing: not started, ended or crashed."""
@@ -1169,7 +1171,10 @@ def unfinished_calls(world: World, cfg: ModelConfig) -> list[str]:
     available (:data:`FEW_TIMEOUT`). Once the rendezvous is closed, no process may still
     be running (every call must have ended with the closed outcome). While some process
     is still running, no identity that runs nothing (crashed, replaced by a restart, or
-    ended) may stay listed in the store: dead nodes must be pruned (:data:`DEAD_LISTED`).
+    ended) may stay listed in a complete round: dead nodes must be pruned
+    (:data:`DEAD_LISTED`). In an open round they may stay: ``scale`` finds them once the
+    round completes, and the workload's round bound (``max_rounds``) may stop the members
+    from forming that round.
     Not started and crashed processes are not judged, and once a fault was injected an
     operation may also have ended with the fault's error (:data:`FAULT_ERRORS`).
     """
@@ -1177,7 +1182,7 @@ def unfinished_calls(world: World, cfg: ModelConfig) -> list[str]:
     problems: list[str] = []
     running = {p.ident for p in world.procs if p.pc not in HALTED_PCS}
     live_member = any(n in running for n in stored.participant_nodes())
-    if running and not stored.closed:
+    if running and stored.complete and not stored.closed:
         for where, nodes in (
             ("a participant", stored.participant_nodes()),
             ("on the wait list", stored.wait_list),

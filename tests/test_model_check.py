@@ -847,6 +847,32 @@ def test_forgetting_watch_records_commutes_with_every_move_but_a_wrap() -> None:
     assert wraps > 0  # the case does reach the model's wrap
 
 
+def test_forgetting_the_watch_records_of_nodes_standing_by_commutes_too() -> None:
+    """Nodes standing by for a complete round watch its first participant from their
+    join operation (and it watches them): the same exactness holds there. A late
+    process stands by on the redundancy list of a full round whose member is alive or
+    has crashed. (Also checked, too slow for the suite at 3 minutes: N = 3, min 1, max 2,
+    one late process, one crash, one round: 12,282 worlds changed.)"""
+    cfg = _cfg(
+        nodes=2, min_nodes=1, max_nodes=1, late=1, variant=spec.SCALE, faults=Faults(crash=1)
+    )
+    assert cfg.forgets_stale_watch
+    off = dataclasses.replace(cfg, forget_watch=False)
+    watched_standing_by: list[World] = []
+
+    def standing_by_watcher(world: World) -> None:
+        state = spec.decode(world.store) if world.store is not None else None
+        for p in world.procs:
+            standing = state is not None and p.ident in (*state.wait_list, *state.redundancy_list)
+            if standing and p.local.op is spec.Op.JOIN and p.local.watch:
+                watched_standing_by.append(world)
+
+    explore(off, symmetry=False, visit=standing_by_watcher, stop_on_violation=False)
+    assert watched_standing_by  # the case reaches nodes that watch while standing by
+    changed, _ = _commutes(cfg, off, forget_stale_watch, skip=_wraps)
+    assert changed > 0
+
+
 def test_with_watch_records_forgotten_the_beat_modulus_changes_nothing() -> None:
     """Once stale watch records are forgotten, no record lives long enough for a count to
     wrap onto it: the search finds as many worlds and the same verdict with heartbeat
