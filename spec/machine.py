@@ -440,8 +440,7 @@ def watched(view: RendezvousState, node: NodeId) -> tuple[NodeId, ...]:
     if node == members[0]:
         standing = sorted({*view.wait_list, *view.redundancy_list} - {node})
         return (*members[1:], *standing)
-    listed = view.is_participant(node) or view.is_waiting(node) or view.is_redundant(node)
-    return (members[0],) if listed else ()
+    return (members[0],) if view.is_listed(node) else ()
 
 
 def _watched(local: Local, event: BeatValues, config: Config) -> Local:

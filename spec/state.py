@@ -210,6 +210,10 @@ class RendezvousState:
     def is_redundant(self, node: NodeId) -> bool:
         return node in self.redundancy_list
 
+    def is_listed(self, node: NodeId) -> bool:
+        """Whether ``node`` is a participant, on the wait list or on the redundancy list."""
+        return self.is_participant(node) or self.is_waiting(node) or self.is_redundant(node)
+
     @property
     def num_participants(self) -> int:
         return len(self.participants)

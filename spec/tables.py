@@ -129,19 +129,14 @@ def _fold_due(ctx: Context) -> bool:
     return size >= settings.min_nodes and ctx.state.num_participants < settings.min_nodes
 
 
-def _listed(ctx: Context) -> bool:
-    state, node = ctx.state, ctx.node
-    return state.is_participant(node) or state.is_waiting(node) or state.is_redundant(node)
-
-
 def _beat_due(ctx: Context) -> bool:
-    return _listed(ctx) and (
+    return ctx.state.is_listed(ctx.node) and (
         ctx.beat_age is None or ctx.beat_age >= ctx.settings.keep_alive_interval
     )
 
 
 def _watch_due(ctx: Context) -> bool:
-    if not (ctx.state.complete and _listed(ctx)):
+    if not (ctx.state.complete and ctx.state.is_listed(ctx.node)):
         return False
     return ctx.watch_age is None or ctx.watch_age >= ctx.settings.keep_alive_interval
 
