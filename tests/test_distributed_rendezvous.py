@@ -10,7 +10,7 @@
   rank 0 or another) is reported to every survivor by ``num_nodes_waiting()``, and the
   three form the next round.
 - Faults (real handlers in threads of this process, each with its own store
-  connection): the server restarts mid-rendezvous (with persistence the round
+  connection; under ``hardened`` and under ``scale``): the server restarts mid-rendezvous (with persistence the round
   completes; without it every node gets a clear ``RendezvousConnectionError``); a TCP
   proxy blackholes the traffic (short: the nodes recover; long: they fail with
   ``RendezvousConnectionError`` within their retry budget); garbage in the rendezvous key
@@ -52,11 +52,14 @@ from rdzv import (
     create_handler,
 )
 from rdzv.store import Store
-from spec.codec import decode
-from spec.state import RendezvousState
+from spec.codec import decode, decode_node
+from spec.state import EMPTY_STATE, RendezvousState
 
 pytestmark = pytest.mark.slow
 
+PROTOCOLS = ["hardened", "scale"]
+"""The protocols the thread tests below run under: the default, and the one whose joins
+go through announcement sets and whose heartbeats live under keys of their own."""
 NODE_JOIN_S = 60.0
 """Bound on how long the test waits for one node thread to finish."""
 MAX_WAIT = timedelta(seconds=1)
@@ -414,18 +417,21 @@ def start_node(started: list[Node], url: str, run_id: str, lo: int, hi: int, **c
     return node.start()
 
 
-def _participants(url: str, run_id: str) -> int:
-    with opened_store(url) as store:
-        if not store.check([f"rdzv/{run_id}/state"]):
-            return 0
-        return len(decode(store.get(f"rdzv/{run_id}/state")).participants)
+def _joined(store: Store, run_id: str) -> int:
+    """How many nodes joined the current round: its participants and, under ``scale``,
+    the nodes only announced in its announcement set so far."""
+    key = f"rdzv/{run_id}/state"
+    state = decode(store.get(key)) if store.check([key]) else EMPTY_STATE
+    members = store.members(f"rdzv/{run_id}/announce/{state.round}")  # type: ignore[attr-defined]
+    return len(set(state.participant_nodes()) | {decode_node(m) for m in members})
 
 
-def _wait_for_participants(url: str, run_id: str, count: int) -> None:
+def _wait_for_joined(url: str, run_id: str, count: int) -> None:
     end = time.monotonic() + NODE_JOIN_S
-    while _participants(url, run_id) < count:  # bounded by NODE_JOIN_S
-        assert time.monotonic() < end, f"{count} nodes did not join in time"
-        time.sleep(0.02)
+    with opened_store(url) as store:
+        while _joined(store, run_id) < count:  # bounded by NODE_JOIN_S
+            assert time.monotonic() < end, f"{count} nodes did not join in time"
+            time.sleep(0.02)
 
 
 def _ranks(started: list[Node]) -> list[int]:
@@ -435,25 +441,27 @@ def _ranks(started: list[Node]) -> list[int]:
     return sorted(node.info.rank for node in started if node.info is not None)
 
 
-def test_restart_with_persistence_completes_the_round(backend: Backend) -> None:
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_restart_with_persistence_completes_the_round(backend: Backend, protocol: str) -> None:
     url, run = backend.url(), f"run{uuid.uuid4().hex[:8]}"
     with nodes() as started:
         for _ in range(2):
-            start_node(started, url, run, 3, 3)
-        _wait_for_participants(url, run, 2)
+            start_node(started, url, run, 3, 3, protocol=protocol)
+        _wait_for_joined(url, run, 2)
         backend.restart_keeping_data()  # SIGKILL + start on the same port, data kept
-        start_node(started, url, run, 3, 3)
+        start_node(started, url, run, 3, 3, protocol=protocol)
         assert _ranks(started) == [0, 1, 2]
         rounds = {n.info.round for n in started if n.info is not None}
         assert len(rounds) == 1
 
 
-def test_restart_losing_data_is_a_clear_error(volatile_backend: Backend) -> None:
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_restart_losing_data_is_a_clear_error(volatile_backend: Backend, protocol: str) -> None:
     url, run = volatile_backend.url(), f"run{uuid.uuid4().hex[:8]}"
     with nodes() as started:
         for _ in range(2):
-            start_node(started, url, run, 3, 3)
-        _wait_for_participants(url, run, 2)
+            start_node(started, url, run, 3, 3, protocol=protocol)
+        _wait_for_joined(url, run, 2)
         volatile_backend.restart_losing_data()
         for node in started:
             node.join()  # no hang: every node fails on its own
@@ -462,8 +470,9 @@ def test_restart_losing_data_is_a_clear_error(volatile_backend: Backend) -> None
             assert "restart the job" in str(node.error)
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_short_partition_is_survived(
-    backend: Backend, tcp_proxy: Callable[[int], TcpProxy]
+    backend: Backend, tcp_proxy: Callable[[int], TcpProxy], protocol: str
 ) -> None:
     # Both sides of the rendezvous talk across the partition, so only the retries can
     # carry them through it (with retries=0 every store fails this test): the waiting
@@ -478,11 +487,11 @@ def test_short_partition_is_survived(
     try:
         with nodes() as started:
             for _ in range(2):
-                start_node(started, url, run, 3, 3, **beats)
-            _wait_for_participants(url, run, 2)
+                start_node(started, url, run, 3, 3, protocol=protocol, **beats)
+            _wait_for_joined(url, run, 2)
             proxy.blackhole()
             heal.start()
-            start_node(started, url, run, 3, 3, **beats)
+            start_node(started, url, run, 3, 3, protocol=protocol, **beats)
             assert _ranks(started) == [0, 1, 2]
     finally:
         heal.cancel()  # a no-op once it fired; harmless if it never started
@@ -491,16 +500,17 @@ def test_short_partition_is_survived(
         proxy.resume()
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_long_partition_fails_with_connection_error(
-    backend: Backend, tcp_proxy: Callable[[int], TcpProxy]
+    backend: Backend, tcp_proxy: Callable[[int], TcpProxy], protocol: str
 ) -> None:
     proxy = tcp_proxy(backend.server.port)
     url = backend.url(proxy.port, **backend.timeout_params("0.3", "1"))
     run = f"run{uuid.uuid4().hex[:8]}"
     with nodes() as started:
         for _ in range(2):
-            start_node(started, url, run, 3, 3)
-        _wait_for_participants(url, run, 2)
+            start_node(started, url, run, 3, 3, protocol=protocol)
+        _wait_for_joined(url, run, 2)
         proxy.blackhole()  # until every node gave up
         for node in started:
             node.join()
@@ -509,18 +519,14 @@ def test_long_partition_fails_with_connection_error(
         proxy.resume()
 
 
-def test_garbage_written_while_nodes_wait(backend: Backend) -> None:
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_garbage_written_while_nodes_wait(backend: Backend, protocol: str) -> None:
     url, run = backend.url(), f"run{uuid.uuid4().hex[:8]}"
     key = f"rdzv/{run}/state"
     with opened_store(url) as store, nodes() as started:
         for _ in range(2):
-            start_node(started, url, run, 3, 3)  # the round needs 3
-        end = time.monotonic() + NODE_JOIN_S
-        data = store.get(key) if store.check([key]) else None
-        while data is None or len(decode(data).participants) < 2:  # bounded by NODE_JOIN_S
-            assert time.monotonic() < end, "the two nodes never joined"
-            store.wait_for_change(key, data, MAX_WAIT)
-            data = store.get(key) if store.check([key]) else None
+            start_node(started, url, run, 3, 3, protocol=protocol)  # the round needs 3
+        _wait_for_joined(url, run, 2)
         store.set(key, b"{not json")  # e.g. another tool writing under our prefix
         for node in started:
             node.join()  # woken by the change, not by their join deadline (30 s)
@@ -528,7 +534,7 @@ def test_garbage_written_while_nodes_wait(backend: Backend) -> None:
             assert "delete the key" in str(node.error)
         assert store.get(key) == b"{not json"  # left as found, for inspection
         assert store.delete_key(key) is True
-        retry = [start_node(started, url, run, 3, 3) for _ in range(3)]
+        retry = [start_node(started, url, run, 3, 3, protocol=protocol) for _ in range(3)]
         assert _ranks(retry) == [0, 1, 2]
 
 
