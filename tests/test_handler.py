@@ -722,7 +722,7 @@ def advance_until(clock: FakeClock, done: Callable[[], bool], what: str) -> None
         if done():
             return
         clock.advance(1.0)
-        time.sleep(0.02)
+        time.sleep(0.05)  # real time for the threads to act on the new fake time
     assert done(), f"{what}: not within {STEPS} s of fake time"
 
 
