@@ -10,11 +10,12 @@
   rank 0 or another) is reported to every survivor by ``num_nodes_waiting()``, and the
   three form the next round.
 - Faults (real handlers in threads of this process, each with its own store
-  connection; under ``hardened`` and under ``scale``): the server restarts mid-rendezvous (with persistence the round
-  completes; without it every node gets a clear ``RendezvousConnectionError``); a TCP
-  proxy blackholes the traffic (short: the nodes recover; long: they fail with
-  ``RendezvousConnectionError`` within their retry budget); garbage in the rendezvous key
-  gives ``RendezvousStateError`` until the key is deleted (the documented recovery).
+  connection; under ``hardened`` and under ``scale``): the server restarts
+  mid-rendezvous (with persistence the round completes; without it every node gets a
+  clear ``RendezvousConnectionError``); a TCP proxy blackholes the traffic (short: the
+  nodes recover; long: they fail with ``RendezvousConnectionError`` within their retry
+  budget); garbage in the rendezvous key gives ``RendezvousStateError`` until the key is
+  deleted (the documented recovery).
 """
 
 from __future__ import annotations
