@@ -111,6 +111,9 @@ class Pc(enum.IntEnum):
 LIVE_PCS = frozenset({Pc.RDZV, Pc.MEMBER, Pc.KEEP_ALIVE, Pc.POLL})
 """Processes that keep their heartbeat fresh (and so must never be evicted)."""
 
+HALTED_PCS = frozenset({Pc.NEW, Pc.ENDED, Pc.CRASHED})
+"""Processes that run nothing: not started, ended or crashed."""
+
 
 @dataclass(frozen=True)
 class Faults:
@@ -472,7 +475,7 @@ def enabled(world: World, cfg: ModelConfig) -> list[Move]:
             moves.append(Move("start", slot))
         if p.pc is Pc.MEMBER and world.closes < cfg.closes:
             moves.append(Move("shutdown", slot))
-        if p.pc not in (Pc.CRASHED, Pc.ENDED, Pc.NEW) and used["crash"] < budget.crash:
+        if p.pc not in HALTED_PCS and used["crash"] < budget.crash:
             moves.append(Move("crash", slot))
         if p.pc is Pc.CRASHED:
             if used["restart_new"] < budget.restart_new:
@@ -1152,9 +1155,6 @@ DEAD_LISTED = "dead and listed: "
 """How a problem of :func:`unfinished_calls` starts when an identity that runs nothing is
 still listed in a complete round while other processes run."""
 
-HALTED_PCS = frozenset({Pc.NEW, Pc.ENDED, Pc.CRASHED})
-"""Processes that run nothing: not started, ended or crashed."""
-
 ENDED_WRONGLY = "ended wrongly: "
 """Prefix of a problem that no later move can undo (an ended process stays ended)."""
 
@@ -1327,7 +1327,7 @@ def _tick(run: _Run) -> None:
         )
     for slot, p in enumerate(run.procs):
         now = run.now(p)
-        if p.pc in (Pc.NEW, Pc.ENDED, Pc.CRASHED):
+        if p.pc in HALTED_PCS:
             continue
         if p.local.phase is Phase.WAITING:
             run.feed(slot, WokeUp(now))
