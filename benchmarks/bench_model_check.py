@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             if not sym:
                 args.append("--no-symmetry")
             doc = run_row(args)
-            note = "" if doc["complete"] else "bound"
+            note = "bound" if doc["result"] == "bounded" else ""
             if doc["violation"]:
                 note = f"violation {doc['violation']['name']}"  # type: ignore[index]
             _print(doc, "exhaustive", n, "on" if sym else "off", note)
@@ -89,14 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     walks = FAULTY_WALKS_QUICK if ns.quick else FAULTY_WALKS
     for protocol, n in walks:
         doc = run_row(["--mode=random", f"--protocol={protocol}", f"--nodes={n}", *EVERY_FAULT])
-        ends = doc["random_ends"]
+        ends = doc["walk_ends"]
         assert isinstance(ends, dict)
         violation = doc["violation"]
         name = "none" if not violation else violation["name"]  # type: ignore[index]
         print(
             f"| {protocol} | {n} | {name} | {ends['checked']} | {ends['undecided']} | "
-            f"{ends['longest_continuation']} of {ends['continuation_bound']} moves, "
-            f"{float(doc['wall']):.1f} s wall, {float(doc['peak_mib']):.0f} MiB |",  # type: ignore[arg-type]
+            f"{ends['longest_continuation_moves']} of {ends['continuation_bound_moves']} moves, "
+            f"{float(doc['wall']):.1f} s wall, {float(doc['peak_rss_mib']):.0f} MiB |",  # type: ignore[arg-type]
             flush=True,
         )
     return 0
@@ -104,11 +104,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print(doc: dict[str, object], mode: str, n: int, sym: str, note: str) -> None:
     states = int(doc["states"])  # type: ignore[call-overload]
-    sec = float(doc["sec"])  # type: ignore[arg-type]
+    sec = float(doc["wall_seconds"])  # type: ignore[arg-type]
     rate = states / sec if sec > 0 else float("nan")
     print(
         f"| {mode} | {n} | {sym} | {doc['unique']} | {states} | {rate:.0f} | "
-        f"{float(doc['peak_mib']):.0f} | {float(doc['wall']):.1f} | {note} |",  # type: ignore[arg-type]
+        f"{float(doc['peak_rss_mib']):.0f} | {float(doc['wall']):.1f} | {note} |",  # type: ignore[arg-type]
         flush=True,
     )
 

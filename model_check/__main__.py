@@ -1,12 +1,17 @@
 """``python -m model_check``: explore the protocol and print a reproduction recipe.
 
-Exit codes: 0 every property holds in the explored space, 1 a violation was found (or a
-replayed trace reproduced its violation, or fired another one), 2 bad usage (or a
-``--workers`` walk's process died, so there is no verdict), 3 a
-``--max-states`` or ``--max-depth`` bound, or an interruption (Ctrl-C or SIGTERM), cut the
-search before it was exhaustive and no violation was found in the explored part. A
-violation is always printed: if its trace file cannot be written, the run says so on
-stderr and still exits 1.
+The run's verdict is one of four results, each with its exit code (:data:`EXIT_CODES`):
+``holds`` (0) no violation, and every property was decided; ``violated`` (1) a violation
+was found (or a replayed trace reproduced its violation, or fired another one);
+``bounded`` (3) a ``--max-states`` or ``--max-depth`` bound, or an interruption (Ctrl-C
+or SIGTERM), cut the search before it was exhaustive and no violation was found in the
+explored part; ``undecided`` (4) a random walk found no violation but the end of some walk
+could not be judged for liveness. Exit code 2 is bad usage (or a ``--workers`` walk's
+process died, so there is no verdict). A violation is always printed: if its trace file
+cannot be written, the run says so on stderr and still exits 1.
+
+``--json`` prints one document of the versioned format :data:`RESULT_FORMAT` (documented
+in docs/model_checker.md, "JSON output").
 
 ``python -m model_check prove ...`` hands over to :mod:`model_check.prove` when that
 module is installed.
@@ -16,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import json
 import os
+import re
 import resource
 import signal
 import sys
@@ -53,6 +60,10 @@ from model_check.model import (
 from model_check.planted import PLANTED
 
 TRACE_FORMAT = "rdzv-model-check-trace/1"
+RESULT_FORMAT = "rdzv-model-check-result/1"
+"""The ``format`` of a run's ``--json`` document (docs/model_checker.md, "JSON output")."""
+REPLAY_FORMAT = "rdzv-model-check-replay/1"
+"""The ``format`` of a replay's ``--json`` document."""
 DEFAULT_TRACE = "model_check_counterexample.json"
 EXHAUSTIVE_NODE_LIMIT = 12
 """Largest --nodes accepted in exhaustive mode (beyond it, use --mode random)."""
@@ -119,23 +130,72 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+DESCRIPTION = """\
+Explore the rendezvous protocol: many virtual nodes run the node machine of spec/
+against a simulated compare-and-set store, and every interleaving (--mode exhaustive)
+or seeded random walks (--mode random) are checked for the properties listed in
+docs/model_checker.md ("What is checked"). The first line says what this run checks;
+the second names every parameter; a violation prints the shortest counterexample and
+the command that replays it.
+
+prove: "python -m model_check prove --help" checks the tables with z3 for any N."""
+
+EPILOG = """\
+results and exit codes:
+  holds      0  no violation, every property decided (exhaustive: in the whole space;
+                random: on the walks taken)
+  violated   1  a violation (printed as numbered moves, with a trace file to replay)
+  bad usage  2  one line on stderr (also when a --workers walk's process died)
+  bounded    3  --max-states, --max-depth or Ctrl-C/SIGTERM cut the search short; no
+                violation in the part searched
+  undecided  4  random mode: no violation, but some walk end could not be judged for
+                liveness (calls_end_as_specified) within its continuation bound
+
+examples:
+  python -m model_check --nodes 8
+  python -m model_check --nodes 2 --min-nodes 2 --max-nodes 2 --crash 1
+  python -m model_check --replay model_check_counterexample.json
+  python -m model_check --mode random --nodes 64 --steps 3000 --seed 1 --crash 3"""
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m model_check", description=__doc__)
+    p = _Parser(
+        prog="python -m model_check",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--nodes", type=int, default=8, help="processes launched (default 8)")
-    p.add_argument("--min-nodes", type=int, default=None, help="default: nodes - 1 (>= 1)")
-    p.add_argument("--max-nodes", type=int, default=None, help="default: nodes")
+    p.add_argument(
+        "--min-nodes",
+        type=int,
+        default=None,
+        help="min_nodes of the rendezvous (default nodes - 1, at least 1)",
+    )
+    p.add_argument(
+        "--max-nodes", type=int, default=None, help="max_nodes of the rendezvous (default nodes)"
+    )
     p.add_argument(
         "--protocol",
+        "--variant",
+        dest="protocol",
         default="upstream",
-        help="upstream (default), torch-2.13, hardened, scale or planted-*",
+        metavar="NAME",
+        help="the protocol to check: upstream, torch-2.13, hardened, scale or a planted-* "
+        "bug (default upstream; --variant is the same option, as in prove)",
     )
-    p.add_argument("--mode", choices=("exhaustive", "random"), default="exhaustive")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--mode",
+        choices=("exhaustive", "random"),
+        default="exhaustive",
+        help="every interleaving, or seeded random walks (default exhaustive)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="random mode's seed (default 0)")
     p.add_argument(
         "--steps",
         type=int,
         default=None,
-        help=f"random mode: total moves (1..{STEPS_LIMIT}; default {DEFAULT_STEPS:,})",
+        help=f"random mode: total moves (1..{STEPS_LIMIT}; default {DEFAULT_STEPS})",
     )
     p.add_argument(
         "--max-rounds",
@@ -143,42 +203,67 @@ def _parser() -> argparse.ArgumentParser:
         default=2,
         help=f"rendezvous rounds in the model (1..{ROUNDS_LIMIT}; default 2)",
     )
-    budget = f"(0..{BUDGET_LIMIT})"
-    p.add_argument("--closes", type=int, default=1, help=f"shutdown calls allowed in all {budget}")
-    p.add_argument("--crash", type=int, default=0, help=f"crash budget {budget}")
+    budget = f"0..{BUDGET_LIMIT}; default 0"
     p.add_argument(
-        "--restart-new", type=int, default=0, help=f"restarts with a new identity {budget}"
+        "--closes",
+        type=int,
+        default=1,
+        help=f"shutdown calls allowed in all (0..{BUDGET_LIMIT}; default 1)",
+    )
+    p.add_argument("--crash", type=int, default=0, help=f"crash budget ({budget})")
+    p.add_argument(
+        "--restart-new", type=int, default=0, help=f"restarts with a new identity ({budget})"
     )
     p.add_argument(
-        "--restart-same", type=int, default=0, help=f"restarts with the same identity {budget}"
+        "--restart-same", type=int, default=0, help=f"restarts with the same identity ({budget})"
     )
-    p.add_argument("--cas-unknown", type=int, default=0, help=f"CAS with unknown outcome {budget}")
     p.add_argument(
-        "--store-down", type=int, default=0, help=f"store unreachable for one call {budget}"
+        "--cas-unknown", type=int, default=0, help=f"CAS with unknown outcome ({budget})"
+    )
+    p.add_argument(
+        "--store-down", type=int, default=0, help=f"store unreachable for one call ({budget})"
     )
     p.add_argument(
         "--skew",
         type=int,
         default=0,
-        help=f"process 0's wall clock runs ahead (0..{TICKS_LIMIT} ticks)",
+        help=f"process 0's wall clock runs ahead by this many ticks (0..{TICKS_LIMIT}; default 0)",
     )
-    p.add_argument("--duplicate-identity", action="store_true", help="process 1 reuses 0's id")
-    p.add_argument("--late-starts", action="store_true", help="every agent may start after t=0")
     p.add_argument(
-        "--late", type=int, default=0, help="this many agents (<= nodes) may start after t=0"
+        "--duplicate-identity",
+        action="store_true",
+        help="process 1 reuses process 0's identity (default off)",
     )
-    p.add_argument("--cas-ignores-token", action="store_true", help="planted store bug")
+    p.add_argument(
+        "--late-starts",
+        action="store_true",
+        help="every agent may start after t=0 (default off: all start before time advances)",
+    )
+    p.add_argument(
+        "--late",
+        type=int,
+        default=0,
+        help="this many agents (the last ones, at most --nodes) may start after t=0 (default 0)",
+    )
+    p.add_argument(
+        "--cas-ignores-token",
+        action="store_true",
+        help="planted store bug: compare-and-set writes whatever the token (default off)",
+    )
     p.add_argument(
         "--tick-ms",
         type=int,
         default=5000,
-        help=f"one tick = keep-alive interval ({TICK_MS_RANGE[0]}..{TICK_MS_RANGE[1]} ms)",
+        help=f"one tick = the keep-alive interval, in ms ({TICK_MS_RANGE[0]}..{TICK_MS_RANGE[1]}; "
+        "default 5000)",
     )
-    ticks = f"ticks (1..{TICKS_LIMIT})"
-    p.add_argument("--join-timeout", type=int, default=4, help=ticks)
-    p.add_argument("--last-call", type=int, default=1, help=ticks)
-    p.add_argument("--close-timeout", type=int, default=2, help=ticks)
-    p.add_argument("--heartbeat-timeout", type=int, default=1, help=ticks)
+    ticks = f"in ticks (1..{TICKS_LIMIT}; default %(default)s)"
+    p.add_argument("--join-timeout", type=int, default=4, help=f"join timeout {ticks}")
+    p.add_argument("--last-call", type=int, default=1, help=f"last-call timeout {ticks}")
+    p.add_argument("--close-timeout", type=int, default=2, help=f"close timeout {ticks}")
+    p.add_argument(
+        "--heartbeat-timeout", type=int, default=1, help=f"heartbeat (keep-alive) timeout {ticks}"
+    )
     p.add_argument(
         "--max-states",
         type=int,
@@ -192,30 +277,40 @@ def _parser() -> argparse.ArgumentParser:
         help="exhaustive: check every run of at most this many moves (bounded model "
         "checking; default none: the whole space; 0 also means no bound)",
     )
-    p.add_argument("--no-symmetry", action="store_true")
+    p.add_argument(
+        "--no-symmetry",
+        action="store_true",
+        help="exhaustive: search without the symmetry reduction (default off: reduced)",
+    )
     p.add_argument(
         "--keep-going",
         action="store_true",
-        help="exhaustive: explore everything and list every property violated",
+        help="exhaustive: explore everything and list every property violated (default "
+        "off: stop at the first)",
     )
     p.add_argument(
         "--workers",
         type=int,
         default=1,
-        help=f"random mode: parallel walks (1..{WORKERS_LIMIT})",
+        help=f"random mode: parallel walks, one process each (1..{WORKERS_LIMIT}; default 1)",
     )
     p.add_argument(
         "--replay",
         metavar="FILE",
-        help="re-run a trace file under its own settings (only --json and --quiet may be added)",
+        help="re-run a trace file under its own settings; only --json and --quiet may be "
+        "added (default: no replay)",
     )
     p.add_argument(
         "--trace-out",
         metavar="FILE",
         help=f"where a counterexample's trace is written (default {DEFAULT_TRACE})",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON document")
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help=f"print one JSON document ({RESULT_FORMAT}) instead of text (default off)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (default off)")
     return p
 
 
@@ -325,6 +420,7 @@ def build_config(
     # so renaming identities can change a world's future and the reduction is unsound.
     order_dependent = variant.heartbeats == spec.KEY_BEATS
     symmetry = not ns.no_symmetry and not order_dependent
+    reason = None if symmetry else NO_SYMMETRY_ASKED if ns.no_symmetry else NO_SYMMETRY_ORDER
     params: dict[str, Any] = {
         "protocol": variant.name,
         "nodes": n,
@@ -332,36 +428,36 @@ def build_config(
         "max_nodes": max_nodes,
         "mode": "replay" if replaying else ns.mode,
         "seed": ns.seed,
-        "steps": "-" if exhaustive else steps,
-        "symmetry": (
-            "on"
-            if symmetry
-            else "off"
-            if ns.no_symmetry
-            else "off(decisions-depend-on-identity-order)"
-        ),
+        "steps": None if exhaustive else steps,
+        "symmetry": symmetry,
+        "symmetry_off_reason": reason,
         "workers": ns.workers,
         "max_rounds": ns.max_rounds,
         "closes": ns.closes,
-        "faults": cfg.faults.describe(),
-        "skew": f"+{ns.skew}t@n_0_0",
+        "faults": dataclasses.asdict(cfg.faults),
+        "skew_ticks": ns.skew,
         "duplicate_identity": ns.duplicate_identity,
-        "late": "all" if ns.late_starts else ns.late,
+        "late": ns.late,
+        "late_starts": ns.late_starts,
         "store": "cas-ignores-token" if ns.cas_ignores_token else "linearizable-cas",
-        "tick": f"{ns.tick_ms}ms",
-        "join": f"{ns.join_timeout}t",
-        "last_call": f"{ns.last_call}t",
-        "close": f"{ns.close_timeout}t",
-        "heartbeat": f"{ns.heartbeat_timeout}t",
-        "keep_alive": "1t",
-        "expiry": f"{settings.keep_alive_max_attempt}t",
-        "rollback": f"{variant.rollback_window}ms",
-        "cache": f"{settings.cache_duration}ms",
-        "max_states": max_states or "none",
+        "tick_ms": ns.tick_ms,
+        "join_timeout_ticks": ns.join_timeout,
+        "last_call_ticks": ns.last_call,
+        "close_timeout_ticks": ns.close_timeout,
+        "heartbeat_timeout_ticks": ns.heartbeat_timeout,
+        "keep_alive_ticks": 1,
+        "expiry_ticks": settings.keep_alive_max_attempt,
+        "rollback_ms": variant.rollback_window,
+        "cache_ms": settings.cache_duration,
+        "max_states": max_states or None,
+        "max_depth": max_depth or None,
     }
-    if max_depth:  # only then, so that every other run's first line stays as it was
-        params["max_depth"] = max_depth
     return cfg, params
+
+
+NO_SYMMETRY_ASKED = "--no-symmetry"
+NO_SYMMETRY_ORDER = "decisions-depend-on-identity-order"
+"""Why a search runs without the symmetry reduction (``symmetry_off_reason``)."""
 
 
 def canonical_argv(ns: argparse.Namespace, params: dict[str, Any]) -> list[str]:
@@ -373,7 +469,41 @@ def canonical_argv(ns: argparse.Namespace, params: dict[str, Any]) -> list[str]:
 
 
 def first_line(params: dict[str, Any]) -> str:
-    return "model_check " + " ".join(f"{k}={_fmt(v)}" for k, v in params.items())
+    """The parameters line: every parameter and derived knob as ``key=value``."""
+    return "model_check " + " ".join(f"{k}={_fmt(v)}" for k, v in _text_params(params).items())
+
+
+def _text_params(p: dict[str, Any]) -> dict[str, Any]:
+    """The parameters as the text line spells them (units as suffixes: ms, t for ticks)."""
+    symmetry = "on" if p["symmetry"] else "off"
+    if p["symmetry_off_reason"] not in (None, NO_SYMMETRY_ASKED):
+        symmetry = f"off({p['symmetry_off_reason']})"
+    text: dict[str, Any] = {
+        **{k: p[k] for k in ("protocol", "nodes", "min_nodes", "max_nodes", "mode", "seed")},
+        "steps": "-" if p["steps"] is None else p["steps"],
+        "symmetry": symmetry,
+        **{k: p[k] for k in ("workers", "max_rounds", "closes")},
+        "faults": " ".join(f"{k}={v}" for k, v in p["faults"].items()),
+        "skew": f"+{p['skew_ticks']}t@n_0_0",
+        "duplicate_identity": p["duplicate_identity"],
+        "late": "all" if p["late_starts"] else p["late"],
+        "store": p["store"],
+        "tick": f"{p['tick_ms']}ms",
+        "join": f"{p['join_timeout_ticks']}t",
+        "last_call": f"{p['last_call_ticks']}t",
+        "close": f"{p['close_timeout_ticks']}t",
+        "heartbeat": f"{p['heartbeat_timeout_ticks']}t",
+        "keep_alive": f"{p['keep_alive_ticks']}t",
+        "expiry": f"{p['expiry_ticks']}t",
+        "rollback": f"{p['rollback_ms']}ms",
+        "cache": f"{p['cache_ms']}ms",
+        "max_states": p["max_states"] or "none",
+    }
+    if p["max_depth"]:  # only then, so that every other run's line stays as it was
+        text["max_depth"] = p["max_depth"]
+    if "replay" in p:
+        text["replay"] = p["replay"]
+    return text
 
 
 def _fmt(v: object) -> str:
@@ -381,6 +511,66 @@ def _fmt(v: object) -> str:
         return "yes" if v else "no"
     text = str(v)
     return f'"{text}"' if " " in text else text
+
+
+def _summary_of(variant: spec.Variant) -> str:
+    """A variant's description up to its first colon or full stop, in lower case."""
+    text = re.split(r"[:.](?:\s|$)", variant.description, maxsplit=1)[0]
+    return text[:1].lower() + text[1:]
+
+
+def headline(params: dict[str, Any], given: set[str]) -> str:
+    """What this run checks and why, in plain words (line one, after ``model_check
+    checks``): the protocol and whether the handler runs it, the faults, the search and
+    its bounds. ``given``: the options spelled out, so that a default can say it is one."""
+    from rdzv.api import DEFAULT_PROTOCOL  # the handler's default: light to import
+
+    name = params["protocol"]
+    default = " (the default of --protocol)" if "protocol" not in given else ""
+    handler = (
+        "the protocol rdzv's handler runs by default"
+        if name == DEFAULT_PROTOCOL
+        else f"rdzv's handler runs {DEFAULT_PROTOCOL} by default"
+    )
+    protocol = f"protocol {name}{default}: {_summary_of(_variant(name))}; {handler}"
+    faults = [f"{k.replace('_', '-')} {v}" for k, v in params["faults"].items() if v]
+    if params["skew_ticks"]:
+        faults.append(f"process 0's clock {params['skew_ticks']} ticks ahead")
+    if params["duplicate_identity"]:
+        faults.append("process 1 reuses process 0's identity")
+    if params["store"] != "linearizable-cas":
+        faults.append(f"a {params['store']} store")
+    if faults:
+        fault_text = "faults: " + ", ".join(faults)
+    else:
+        fault_text = "faults: none (the default; add one with --crash 1, --cas-unknown 1, ...)"
+    world = (
+        f"{params['nodes']} processes (min_nodes {params['min_nodes']}, max_nodes "
+        f"{params['max_nodes']}), {params['max_rounds']} rounds, {params['closes']} "
+        f"shutdown{'s' if params['closes'] != 1 else ''}"
+    )
+    if params["late_starts"]:
+        world += ", every agent may start late"
+    elif params["late"]:
+        world += f", {params['late']} agents may start late"
+    mode = params["mode"]
+    if mode == "exhaustive":
+        bounds = []
+        if params["max_depth"]:
+            bounds.append(f"runs of at most {params['max_depth']} moves")
+        if params["max_states"]:
+            bounds.append(f"at most {params['max_states']} distinct worlds")
+        bound = "stopping at " + " and ".join(bounds) if bounds else "no bound"
+        search = f"search: every interleaving of {world} ({bound})"
+    elif mode == "random":
+        walks = params["workers"]
+        search = (
+            f"search: {walks} random walk{'s' if walks != 1 else ''} of {params['steps']} "
+            f"moves in all, seed {params['seed']}, over {world} (a sample, not every run)"
+        )
+    else:
+        search = f"replay of {params['replay']} over {world}, without reduction"
+    return f"{protocol} | {fault_text} | {search}"
 
 
 INTERRUPTED_EXIT = 130
@@ -434,10 +624,36 @@ def _terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def summary_line(r: Result, *, complete: bool) -> str:
-    status = "violation" if r.violation else ("complete" if complete else "bound-reached")
+HOLDS, VIOLATED, BOUNDED, UNDECIDED_RESULT = "holds", "violated", "bounded", "undecided"
+EXIT_CODES = {HOLDS: 0, VIOLATED: 1, BOUNDED: 3, UNDECIDED_RESULT: 4}
+"""Each result and its exit code (2 is bad usage, 130 an interrupted random walk)."""
+
+
+def verdict(r: Result) -> str:
+    """The run's result: a violation; a search cut short; a random walk whose end could
+    not be judged for liveness; or else every property held where it was checked."""
+    if r.violation is not None:
+        return VIOLATED
+    if r.truncated:
+        return BOUNDED
+    if r.ends[1]:
+        return UNDECIDED_RESULT
+    return HOLDS
+
+
+def summary_line(r: Result, result: str) -> str:
     return (
-        f"states={r.states} unique={r.unique} depth={r.depth} sec={r.seconds:.2f} result={status}"
+        f"states={r.states} unique={r.unique} depth={r.depth} sec={r.seconds:.2f} result={result}"
+    )
+
+
+def undecided_line(r: Result, cfg: ModelConfig) -> str:
+    checked, undecided = r.ends
+    return (
+        f"UNDECIDED: {undecided} of {checked + undecided} walk ends did not settle within "
+        f"{settle_limit(cfg.nodes)} moves of fault-free continuation, so {CALLS_END} is "
+        "not decided for them (no violation found; exit 4). Other seeds, a smaller "
+        "--nodes, or an exhaustive search at small N can decide it"
     )
 
 
@@ -465,15 +681,57 @@ def _move_text(world: World, move: Move) -> str:
     return f"{move} [{world.procs[move.slot].ident}]"
 
 
-def _progress(stats: dict[str, float]) -> None:
+def progress_line(stats: dict[str, float]) -> None:
+    """One progress line on stderr (``progress key=value ...``, all whole numbers)."""
     print(
-        "progress "
-        + " ".join(
-            f"{k}={int(v)}" if k != "states/s" else f"{k}={v:.0f}" for k, v in stats.items()
-        ),
+        "progress " + " ".join(f"{k}={v:.0f}" for k, v in stats.items()),
         file=sys.stderr,
         flush=True,
     )
+
+
+def structured_moves(cfg: ModelConfig, steps: list[tuple[Move, Outcome]]) -> list[dict[str, Any]]:
+    """The counterexample as data (``--json``): for each move its kind and process, the
+    table rows chosen, the store writes, the processes that changed and the violations;
+    ``notes`` keeps the move's readable lines as :func:`render_steps` prints them."""
+    moves: list[dict[str, Any]] = []
+    world: World = initial_world(cfg)
+    for index, (move, out) in enumerate(steps, 1):
+        changes = [
+            {"process": slot, "before": describe_proc(before), "after": describe_proc(after)}
+            for slot, (before, after) in enumerate(zip(world.procs, out.world.procs, strict=True))
+            if describe_proc(before) != describe_proc(after)
+        ]
+        moves.append(
+            {
+                "index": index,
+                "kind": move.kind,
+                "process": None if move.slot < 0 else move.slot,
+                "node": None if move.slot < 0 else str(world.procs[move.slot].ident),
+                "rows": [
+                    {"node": node, "table": table, "row": row, "action": action}
+                    for node, table, row, action in out.rows
+                ],
+                "writes": [{"key": key, "op": op, "value": value} for key, op, value in out.writes],
+                "changes": changes,
+                "violations": [{"name": v.name, "message": v.message} for v in out.violations],
+                "notes": list(out.notes),
+            }
+        )
+        world = out.world
+    return moves
+
+
+def counterexample_doc(
+    cfg: ModelConfig, steps: list[tuple[Move, Outcome]], lines: list[str]
+) -> dict[str, Any]:
+    """``--json``'s counterexample: the structured moves, the final store, the text."""
+    world = steps[-1][1].world if steps else initial_world(cfg)
+    return {
+        "moves": structured_moves(cfg, steps),
+        "final_store": store_state(world).describe(),
+        "text": lines,
+    }
 
 
 def _given(args: list[str]) -> set[str]:
@@ -572,9 +830,10 @@ def _replay_main(path_text: str, as_json: bool) -> int:
         cfg, params = build_config(_parser().parse_args(argv), replaying=True)
     except UsageError as exc:
         raise UsageError(f"trace {path}: field 'argv' is invalid: {exc}") from None
-    head = first_line({**params, "replay": str(path)})
+    params = {**params, "replay": str(path)}
     if not as_json:
-        print(head)
+        print(f"model_check checks {headline(params, set())}")
+        print(first_line(params))
     try:
         steps, _ = replay(cfg, moves)
     except ValueError as exc:
@@ -600,32 +859,37 @@ def _replay_main(path_text: str, as_json: bool) -> int:
     reproduced = expected in got
     where = f"move {len(steps)} of {len(moves)}"
     if reproduced:
-        verdict = f"reproduced {expected} after {len(steps)} moves"
+        verdict_text = f"reproduced {expected} after {len(steps)} moves"
     elif got:
-        verdict = (
+        verdict_text = (
             f"did NOT reproduce {expected}: a different violation fired instead at {where}: "
             + ", ".join(got)
         )
     else:
-        verdict = f"did NOT reproduce {expected}: no violation after {len(steps)} moves"
+        verdict_text = f"did NOT reproduce {expected}: no violation after {len(steps)} moves"
+    result = VIOLATED if got else HOLDS
     if as_json:
         doc = {
-            "params": {**params, "replay": str(path)},
+            "format": REPLAY_FORMAT,
+            "result": result,
+            "exit_code": EXIT_CODES[result],
+            "checks": headline(params, set()),
+            "params": params,
             "argv": argv,
             "expected": expected,
             "reproduced": reproduced,
             "fired": got,
             "moves": len(steps),
             "trace_moves": len(moves),
-            "counterexample": lines,
+            "counterexample": counterexample_doc(cfg, steps, lines),
             "explanation": explanation,
-            "verdict": verdict,
+            "verdict": verdict_text,
         }
         print(json.dumps(doc, sort_keys=True))
     else:
-        for line in [*lines, *explanation, verdict]:
+        for line in [*lines, *explanation, verdict_text]:
             print(line)
-    return 1 if got else 0
+    return EXIT_CODES[result]
 
 
 def _ends(result: Result, cfg: ModelConfig) -> dict[str, int]:
@@ -633,8 +897,8 @@ def _ends(result: Result, cfg: ModelConfig) -> dict[str, int]:
     return {
         "checked": checked,
         "undecided": undecided,
-        "longest_continuation": result.settle_moves,
-        "continuation_bound": settle_limit(cfg.nodes),
+        "longest_continuation_moves": result.settle_moves,
+        "continuation_bound_moves": settle_limit(cfg.nodes),
     }
 
 
@@ -691,47 +955,62 @@ def _main(args: list[str]) -> int:
         )
     if ns.trace_out is not None:
         check_trace_path(Path(ns.trace_out))
-    head = first_line(params)
+    checks = headline(params, _given(args))
     if not ns.json:
-        print(head, flush=True)
-    progress = None if ns.quiet else _progress
+        print(f"model_check checks {checks}")
+        print(first_line(params), flush=True)
+    progress = None if ns.quiet else progress_line
     found: list[tuple[Violation, list[Move]]] = []
     if ns.mode == "exhaustive":
         with _terminate_as_interrupt():
             result = explore(
                 cfg,
-                symmetry=params["symmetry"] == "on",
+                symmetry=params["symmetry"],
                 stop_on_violation=not ns.keep_going,
                 violations_out=found,
-                max_states=int(params["max_states"]) if params["max_states"] != "none" else 0,
-                max_depth=int(params.get("max_depth", 0)),
+                max_states=params["max_states"] or 0,
+                max_depth=params["max_depth"] or 0,
                 progress=progress,
             )
-        complete = not result.truncated
     else:
         from model_check.parallel import run_random
 
-        result = run_random(int(params["steps"]), ns.workers, ns.seed, argv)
-        complete = True
+        result = run_random(params["steps"], ns.workers, ns.seed, argv, quiet=ns.quiet)
+    outcome = verdict(result)
     lines: list[str] = []
+    steps: list[tuple[Move, Outcome]] = []
+    cycle: list[Move] | None = None
     trace_path: Path | None = None
     trace_error: str | None = None
     replay_cmd = ""
     if result.violation is not None:
         steps, _ = replay(cfg, result.path)
         lines = render_steps(cfg, steps)
+        if result.violation.name == LIVELOCK:
+            world = steps[-1][1].world if steps else initial_world(cfg)
+            cycle = on_timeless_cycle(world, cfg) or []
         trace_path = Path(ns.trace_out or DEFAULT_TRACE)
         trace_error = _write_trace(trace_path, argv, result, lines)
         if trace_error is None:
             replay_cmd = f"python -m model_check --replay {trace_path}"
     if ns.json:
         doc = {
+            "format": RESULT_FORMAT,
+            "result": outcome,
+            "exit_code": EXIT_CODES[outcome],
+            "exhaustive": ns.mode == "exhaustive" and not result.truncated,
+            "checks": checks,
             "params": params,
             "argv": argv,
             "violation": None
             if result.violation is None
-            else {"name": result.violation.name, "message": result.violation.message},
-            "counterexample": lines,
+            else {
+                "name": result.violation.name,
+                "message": result.violation.message,
+                "moves": len(result.path),
+            },
+            "counterexample": None if not steps else counterexample_doc(cfg, steps, lines),
+            "cycle": None if cycle is None else [str(m) for m in cycle],
             "also_violated": [
                 {"name": v.name, "moves": len(p), "message": v.message} for v, p in found[1:]
             ],
@@ -741,12 +1020,11 @@ def _main(args: list[str]) -> int:
             "states": result.states,
             "unique": result.unique,
             "depth": result.depth,
-            "sec": round(result.seconds, 3),
-            "complete": complete,
+            "wall_seconds": round(result.seconds, 3),
             "bound": result.bound or None,
             "checked_depth": result.checked_depth if result.truncated else None,
-            "random_ends": None if ns.mode == "exhaustive" else _ends(result, cfg),
-            "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "walk_ends": None if ns.mode == "exhaustive" else _ends(result, cfg),
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         }
         print(json.dumps(doc, sort_keys=True))
     else:
@@ -755,9 +1033,7 @@ def _main(args: list[str]) -> int:
             print(f"counterexample ({len(result.path)} moves):")
             for line in lines:
                 print(line)
-            if result.violation.name == LIVELOCK:
-                world = steps[-1][1].world if steps else initial_world(cfg)
-                cycle = on_timeless_cycle(world, cfg) or []
+            if cycle is not None:
                 print("cycle (no tick): " + ", ".join(map(str, cycle)))
             for other, path in found[1:]:
                 print(f"also violated: {other.name} ({len(path)} moves): {other.message}")
@@ -766,16 +1042,19 @@ def _main(args: list[str]) -> int:
                 print(f"replay: {replay_cmd}")
             else:
                 print(f"trace: not written ({trace_error})")
-        elif not complete:
+        elif result.truncated:
             print(bound_line(result, params))
         if ns.mode == "random":
             ends = _ends(result, cfg)
             print(
                 f"{CALLS_END}: walk ends checked={ends['checked']} "
                 f"undecided={ends['undecided']} (longest continuation "
-                f"{ends['longest_continuation']} of {ends['continuation_bound']} moves)"
+                f"{ends['longest_continuation_moves']} of {ends['continuation_bound_moves']} "
+                "moves)"
             )
-        print(summary_line(result, complete=complete))
+            if outcome == UNDECIDED_RESULT:
+                print(undecided_line(result, cfg))
+        print(summary_line(result, outcome))
     if trace_error is not None:
         sys.stdout.flush()
         print(
@@ -783,9 +1062,7 @@ def _main(args: list[str]) -> int:
             "stdout (exit 1); rerun with --trace-out FILE in a writable directory for a trace",
             file=sys.stderr,
         )
-    if result.violation is not None:
-        return 1
-    return 0 if complete else 3
+    return EXIT_CODES[outcome]
 
 
 if __name__ == "__main__":

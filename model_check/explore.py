@@ -413,7 +413,7 @@ def simulate(
     for _ in range(steps):
         moves = enabled(world, cfg)
         if not moves:
-            if _check_end(world, path, cfg, result, ends):
+            if _check_end(world, path, cfg, result, ends, progress):
                 break
             world, path = make_initial(cfg), []
             result.episodes += 1
@@ -441,7 +441,7 @@ def simulate(
                 }
             )
     else:
-        _check_end(world, path, cfg, result, ends)
+        _check_end(world, path, cfg, result, ends, progress)
     result.ends = (ends[0], ends[1])
     result.unique = len(seen)
     result.seconds = time.monotonic() - start
@@ -480,6 +480,7 @@ def _check_end(
     cfg: ModelConfig,
     result: Result,
     ends: list[int],
+    progress: ProgressFn | None = None,
 ) -> bool:
     """The general liveness property at the end of a random walk; True on a violation.
 
@@ -497,6 +498,7 @@ def _check_end(
     """Worlds right after a tick (a cycle of the continuation passes one, unless it is a
     livelock, which then runs into the bound)."""
     limit = settle_limit(len(world.procs))
+    last_report = time.monotonic()
 
     def decided() -> None:
         ends[0] += 1
@@ -543,6 +545,10 @@ def _check_end(
         if out.violations:
             result.violation, result.path = out.violations[0], [*path, *extra]
             return True
+        now = time.monotonic()
+        if progress is not None and now - last_report >= 1.0:
+            last_report = now  # a continuation at N = 1024 runs for minutes
+            progress({"continuation": len(extra), "continuation_bound": limit})
         world = out.world
         ticked = move.kind == "tick"
     ends[1] += 1

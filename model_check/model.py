@@ -347,13 +347,26 @@ class Violation:
     message: str
 
 
+RowChoice = tuple[str, str, int, str]
+"""A table row a node's machine chose during a move: (node, table, row number, action)."""
+Write = tuple[str, str, str]
+"""A store write made during a move: (key, op, value), e.g. ``("state", "set", <the state
+as text>)``, ``("announcements/0", "add", "n_0_0")`` or ``("heartbeat/n_0_0", "set", "1")``."""
+
+
 @dataclass
 class Outcome:
-    """What happened during one move (for traces and checks)."""
+    """What happened during one move (for traces and checks).
+
+    ``notes`` is the readable account, in order; ``rows`` and ``writes`` repeat its table
+    choices and store writes as data (for ``--json``), and ``writes`` also lists the
+    heartbeat-key writes, which the notes leave out."""
 
     world: World
     notes: list[str] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
+    rows: list[RowChoice] = field(default_factory=list)
+    writes: list[Write] = field(default_factory=list)
 
 
 # -- decoding / encoding caches ------------------------------------------------------------
@@ -793,6 +806,8 @@ class _Run:
         self.fuse_reads = cfg.fuse_reads
         self.notes: list[str] = []
         self.violations: list[Violation] = []
+        self.rows: list[RowChoice] = []
+        self.writes: list[Write] = []
 
     def world(self) -> World:
         procs = tuple(self.procs)
@@ -839,6 +854,7 @@ class _Run:
             if entry not in self.announced:
                 self.announced = tuple(sorted((*self.announced, entry)))
                 self.note(f"announcements <- {p.ident} in round {local.view.round}")
+                self.writes.append((f"announcements/{local.view.round}", "add", str(p.ident)))
             size = sum(1 for r, _ in self.announced if r == local.view.round)
             self.feed(slot, Announced(size, now))
             return
@@ -846,6 +862,7 @@ class _Run:
             value = str(spec.next_beat(local, self.mcfg)).encode("ascii")
             others = tuple(entry for entry in self.beats if entry[0] != p.ident)
             self.beats = tuple(sorted((*others, (p.ident, value))))
+            self.writes.append((f"heartbeat/{p.ident}", "set", value.decode("ascii")))
             if not p.beating:
                 self.procs[slot] = replace(p, beating=True)
             self.feed(slot, Beaten(now))
@@ -864,6 +881,7 @@ class _Run:
             if entry in self.announced:
                 self.announced = tuple(e for e in self.announced if e != entry)
                 self.note(f"announcements -> {p.ident} out of round {local.view.round}")
+                self.writes.append((f"announcements/{local.view.round}", "remove", str(p.ident)))
             self.feed(slot, Withdrawn(now))
             return
         assert local.phase is Phase.WRITING
@@ -897,7 +915,9 @@ class _Run:
         for i, q in enumerate(self.procs):
             if i != slot and q.local.token != 0:
                 self.procs[i] = replace(q, local=replace(q.local, token=0))
-        self.note(f"store <- {_describe(after)}")
+        text = _describe(after)
+        self.note(f"store <- {text}")
+        self.writes.append(("state", "set", text))
 
     # -- the machine --------------------------------------------------------------------
     def feed(self, slot: int, event: spec.Event) -> None:
@@ -912,10 +932,10 @@ class _Run:
             if result.pruned:
                 self.on_pruned(slot, result.pruned)
             if result.action is not None:
-                self.note(
-                    f"{p.ident}: {op.value if op else '?'} row {result.row} -> "
-                    f"{result.action.value}"
-                )
+                table = op.value if op else "?"
+                self.note(f"{p.ident}: {table} row {result.row} -> {result.action.value}")
+                number = -1 if result.row is None else result.row
+                self.rows.append((str(p.ident), table, number, result.action.value))
                 self.on_action(slot, result.action, op)
             request = result.request
             if isinstance(request, Read) and self.fuse_reads:
@@ -1397,7 +1417,7 @@ def apply(world: World, move: Move, cfg: ModelConfig) -> Outcome:
         run.feed(slot, IoFailed("store unreachable", run.now(p)))
     else:
         raise ValueError(f"unknown move kind {kind!r}")
-    return Outcome(run.world(), run.notes, run.violations)
+    return Outcome(run.world(), run.notes, run.violations, run.rows, run.writes)
 
 
 def _all_pids(world: World) -> Iterator[int]:

@@ -58,12 +58,18 @@ class WorkerDied(SystemExit):
 
 
 def random_worker(job: Job) -> dict[str, Any]:
-    """One worker: rebuild the model from ``argv`` and walk ``steps`` moves."""
-    from model_check.__main__ import _parser, build_config
+    """One worker: rebuild the model from ``argv`` and walk ``steps`` moves, printing
+    progress lines on stderr (prefixed ``walk=<index>``) unless ``argv`` has ``--quiet``."""
+    from model_check.__main__ import _parser, build_config, progress_line
 
     argv, seed, index, steps = job
-    cfg, _ = build_config(_parser().parse_args(argv))
-    r = simulate(cfg, seed=f"{seed}/{index}", steps=steps)
+    ns = _parser().parse_args(argv)
+    cfg, _ = build_config(ns)
+
+    def progress(stats: dict[str, float]) -> None:
+        progress_line({"walk": index, **stats})
+
+    r = simulate(cfg, seed=f"{seed}/{index}", steps=steps, progress=None if ns.quiet else progress)
     return {
         "index": index,
         "states": r.states,
@@ -190,9 +196,12 @@ def _raise_died(job: Job, seed: int, workers: int, exitcode: int | None) -> NoRe
     raise WorkerDied(message)
 
 
-def run_random(steps: int, workers: int, seed: int, argv: list[str]) -> Result:
+def run_random(
+    steps: int, workers: int, seed: int, argv: list[str], *, quiet: bool = False
+) -> Result:
     per = [steps // workers + (1 if i < steps % workers else 0) for i in range(workers)]
-    jobs: list[Job] = [([*argv, "--mode=random"], seed, i, per[i]) for i in range(workers)]
+    walk_argv = [*argv, "--mode=random", *(["--quiet"] if quiet else [])]
+    jobs: list[Job] = [(walk_argv, seed, i, per[i]) for i in range(workers)]
     start = time.monotonic()
     # One walk runs in this process; more run one process each.
     outs = [random_worker(jobs[0])] if workers == 1 else _run_processes(jobs, seed)

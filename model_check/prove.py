@@ -1546,29 +1546,36 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     parser.add_argument(
+        "--protocol",
         "--variant",
+        dest="protocol",
         action="append",
         metavar="NAME",
-        help=f"prove only this variant (repeatable; default: all of {', '.join(VARIANTS)})",
+        help=f"prove only this protocol (repeatable; default all of {', '.join(VARIANTS)}; "
+        "--variant is the same option)",
     )
     parser.add_argument(
         "--timeout-ms",
         type=int,
         default=DEFAULT_TIMEOUT_MS,
-        help="bound on each solver call (default: %(default)s); running out fails",
+        help="bound on each solver call, in ms (default %(default)s); running out fails",
     )
     parser.add_argument(
-        "--no-times", action="store_true", help="omit timings (output is then deterministic)"
+        "--no-times",
+        action="store_true",
+        help="omit timings, so the output is deterministic (default off)",
     )
     parser.add_argument(
-        "--failures-only", action="store_true", help="print only failing obligations"
+        "--failures-only",
+        action="store_true",
+        help="print only failing obligations (default off: every obligation)",
     )
     args = parser.parse_args(argv)
-    names = args.variant or sorted(VARIANTS)
+    names = args.protocol or sorted(VARIANTS)
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         print(
-            f"error: unknown variant {', '.join(unknown)}; choose from {', '.join(VARIANTS)}",
+            f"error: unknown protocol {', '.join(unknown)}; choose from {', '.join(VARIANTS)}",
             file=sys.stderr,
         )
         return 2
@@ -1577,7 +1584,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     z3 = load_z3()
     print(
-        f"prove: variants={','.join(names)} nodes=any (uninterpreted sort) "
+        f"prove: protocols={','.join(names)} nodes=any (uninterpreted sort) "
         f"timeout_ms={args.timeout_ms} z3={z3.get_version_string()}"
     )
     return report(

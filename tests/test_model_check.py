@@ -148,7 +148,7 @@ def test_random_mode_same_seed_same_output(tmp_path: Path) -> None:
     assert strip(a.stdout) == strip(b.stdout)
     other = _cli([*args[:-1], "8"], "3", tmp_path)
     assert other.returncode == 0
-    assert "seed=8" in other.stdout.splitlines()[0]
+    assert "seed=8" in other.stdout.splitlines()[1]
 
 
 # -- the four known weaknesses of upstream --------------------------------------------------
@@ -201,7 +201,7 @@ def test_weakness_needs_its_fault_or_timing(capsys: pytest.CaptureFixture[str]) 
     # The same configurations without the fault / timing flag hold.
     assert main(["--nodes", "2", "--min-nodes", "2", "--max-nodes", "2", "--quiet"]) == 0
     assert main(["--nodes", "3", "--min-nodes", "2", "--max-nodes", "2", "--quiet"]) == 0
-    assert "result=complete" in capsys.readouterr().out
+    assert "result=holds" in capsys.readouterr().out
 
 
 # -- planted bugs ----------------------------------------------------------------------------
@@ -378,12 +378,12 @@ def test_the_continuation_serves_each_process_until_it_waits(
     assert "checked=1 undecided=0" in line and f"of {settle_limit(32)} moves" in line
     assert 0 < took < 400
     assert main([*args, *faults, "--json"]) == 0
-    ends = json.loads(capsys.readouterr().out)["random_ends"]
+    ends = json.loads(capsys.readouterr().out)["walk_ends"]
     assert ends == {
         "checked": 1,
         "undecided": 0,
-        "longest_continuation": took,
-        "continuation_bound": settle_limit(32),
+        "longest_continuation_moves": took,
+        "continuation_bound_moves": settle_limit(32),
     }
 
 
@@ -495,7 +495,7 @@ def test_the_command_line_reports_an_interrupted_search(signal_name: str) -> Non
     )
     assert match is not None, text
     summary = _summary(text)
-    assert summary["result"] == "bound-reached"
+    assert summary["result"] == "bounded"
     assert 0 < int(match.group(1)) <= int(summary["depth"])
 
 
@@ -515,7 +515,7 @@ def test_bad_max_depth_is_a_usage_error(
 
 def test_the_default_run_holds_every_property(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--nodes", "8", "--quiet"]) == 0
-    assert "result=complete" in capsys.readouterr().out
+    assert "result=holds" in capsys.readouterr().out
 
 
 def test_a_node_standing_by_for_a_dead_round_is_caught_and_the_protocols_hold() -> None:
@@ -623,8 +623,8 @@ def test_variants_with_the_local_liveness_clock_are_searched_with_symmetry(
     reduced = capsys.readouterr().out
     assert main([*args, "--no-symmetry"]) == 0
     full = capsys.readouterr().out
-    assert " symmetry=on " in reduced.splitlines()[0]
-    assert " symmetry=off " in full.splitlines()[0]
+    assert " symmetry=on " in reduced.splitlines()[1]
+    assert " symmetry=off " in full.splitlines()[1]
     assert int(_summary(reduced)["unique"]) < int(_summary(full)["unique"])
 
 
@@ -1347,10 +1347,11 @@ def test_bad_usage_is_one_line_and_exit_2(
 def test_output_format(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--nodes", "2", "--quiet"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].startswith("model_check protocol=upstream nodes=2 min_nodes=1 max_nodes=2")
+    assert lines[0].startswith("model_check checks protocol upstream (the default of --protocol)")
+    assert lines[1].startswith("model_check protocol=upstream nodes=2 min_nodes=1 max_nodes=2")
     for knob in ("seed=", "tick=", "join=", "faults=", "max_rounds=", "symmetry=on"):
-        assert knob in lines[0]
-    assert re.fullmatch(r"states=\d+ unique=\d+ depth=\d+ sec=[\d.]+ result=complete", lines[-1])
+        assert knob in lines[1]
+    assert re.fullmatch(r"states=\d+ unique=\d+ depth=\d+ sec=[\d.]+ result=holds", lines[-1])
 
 
 def test_bound_is_reported_not_silent(capsys: pytest.CaptureFixture[str]) -> None:
@@ -1370,7 +1371,7 @@ def test_bound_is_reported_not_silent(capsys: pytest.CaptureFixture[str]) -> Non
     )
     out = capsys.readouterr().out
     assert code == 3
-    assert "BOUND REACHED" in out and "result=bound-reached" in out
+    assert "BOUND REACHED" in out and "result=bounded" in out
 
 
 def test_json_output(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -85,7 +85,7 @@ def test_checking_the_trace_path_leaves_no_file_behind(tmp_path: Path, capsys: C
     kept.write_text("earlier trace\n")
     for path in (fresh, kept):
         assert main(["--nodes", "2", "--quiet", "--trace-out", str(path)]) == 0
-    assert "result=complete" in capsys.readouterr().out
+    assert "result=holds" in capsys.readouterr().out
     assert not fresh.exists()
     assert kept.read_text() == "earlier trace\n"
 
@@ -103,7 +103,7 @@ def test_a_trace_that_cannot_be_written_still_reports_the_violation(
     assert "counterexample (14 moves):" in out and re.search(r"^\s+14\. ", out, re.M)
     assert f"trace: not written (could not write the trace file {DEFAULT_TRACE}" in out
     assert "replay:" not in out
-    assert out.strip().splitlines()[-1].endswith("result=violation")
+    assert out.strip().splitlines()[-1].endswith("result=violated")
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("model_check: error: could not write")
 
@@ -111,7 +111,7 @@ def test_a_trace_that_cannot_be_written_still_reports_the_violation(
     out, err = capsys.readouterr()
     doc = json.loads(out)
     assert doc["violation"]["name"] == CRASH_NAME
-    assert len(doc["counterexample"]) > 14
+    assert len(doc["counterexample"]["moves"]) == 14 and len(doc["counterexample"]["text"]) > 14
     assert doc["trace"] is None and doc["replay"] is None
     assert doc["trace_error"].startswith("could not write the trace file")
     assert len(err.strip().splitlines()) == 1
@@ -277,7 +277,8 @@ def test_replay_takes_json_and_quiet(tmp_path: Path, capsys: Capsys) -> None:
     assert doc["expected"] == CRASH_NAME and doc["moves"] == doc["trace_moves"] == 14
     assert doc["params"]["replay"] == str(trace) and doc["params"]["mode"] == "replay"
     assert doc["verdict"] == f"reproduced {CRASH_NAME} after 14 moves"
-    assert doc["counterexample"][-1].startswith("final store:")
+    assert doc["counterexample"]["text"][-1].startswith("final store:")
+    assert doc["result"] == "violated" and doc["exit_code"] == 1
     assert main(["--replay", str(trace), "--quiet"]) == 1
     assert f"reproduced {CRASH_NAME} after 14 moves" in capsys.readouterr().out
 
@@ -377,7 +378,7 @@ def test_help_names_every_option_range(capsys: Capsys) -> None:
     assert done.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert f"(1..{STEPS_LIMIT};" in text and f"(1..{ROUNDS_LIMIT};" in text
-    assert text.count(f"(0..{BUDGET_LIMIT})") == len(BUDGET_OPTIONS)
+    assert text.count(f"(0..{BUDGET_LIMIT}; default ") == len(BUDGET_OPTIONS)
 
 
 def test_the_bounds_that_remain_accepted(capsys: Capsys) -> None:
@@ -390,13 +391,13 @@ def test_the_bounds_that_remain_accepted(capsys: Capsys) -> None:
     ]
     for args in ok:
         assert main([*args, "--quiet"]) == 0, args
-        assert "result=complete" in capsys.readouterr().out
+        assert "result=holds" in capsys.readouterr().out
 
 
 def test_steps_default_only_in_random_mode() -> None:
     _, walk = build_config(_parser().parse_args(["--mode", "random", "--nodes", "2"]))
     _, search = build_config(_parser().parse_args(["--nodes", "2"]))
-    assert (walk["steps"], search["steps"]) == (DEFAULT_STEPS, "-")
+    assert (walk["steps"], search["steps"]) == (DEFAULT_STEPS, None)
 
 
 def test_help_says_that_a_bound_of_zero_is_no_bound(capsys: Capsys) -> None:
@@ -427,12 +428,37 @@ def test_an_interrupted_random_walk_says_so_without_a_traceback(
 ) -> None:
     import model_check.parallel
 
-    def interrupted(*args: object) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(model_check.parallel, "run_random", interrupted)
     assert main(["--mode", "random", "--nodes", "4", "--quiet"]) == 130
     out, err = capsys.readouterr()
     assert err == "model_check: interrupted; no result\n"
-    assert out.startswith("model_check protocol=")
+    assert out.splitlines()[1].startswith("model_check protocol=")
     assert not any(line.startswith("states=") for line in out.splitlines())  # no summary
+
+
+def test_help_shows_every_default_without_rest_markup(capsys: Capsys) -> None:
+    for argv, parser in (([], _parser()), (["prove"], None)):
+        with pytest.raises(SystemExit) as done:
+            main([*argv, "--help"])
+        assert done.value.code == 0
+        text = capsys.readouterr().out
+        for markup in ("``", ":mod:", ":class:", ":func:", ":data:", "**"):
+            assert markup not in text, (argv, markup)
+        if parser is None:
+            continue
+        for action in parser._actions:
+            if action.dest != "help":
+                assert "default" in (action.help or ""), action.option_strings
+        assert "undecided  4" in text and "bounded    3" in text  # the results, with codes
+
+
+def test_variant_is_the_same_option_as_protocol() -> None:
+    # One name for one thing: --protocol, as the handler says; prove's --variant is an alias.
+    by_protocol = _parser().parse_args(["--protocol", "hardened"])
+    by_variant = _parser().parse_args(["--variant", "hardened"])
+    assert by_protocol.protocol == by_variant.protocol == "hardened"
+    _, params = build_config(by_variant)
+    assert params["protocol"] == "hardened"

@@ -69,8 +69,8 @@ def test_workers_merge_the_seeded_walks_in_worker_order(
         sum(w.unique for w in walks),
         max(w.depth for w in walks),
     )
-    ends = doc["random_ends"]
-    assert (ends["checked"], ends["undecided"], ends["longest_continuation"]) == (
+    ends = doc["walk_ends"]
+    assert (ends["checked"], ends["undecided"], ends["longest_continuation_moves"]) == (
         sum(w.ends[0] for w in walks),
         sum(w.ends[1] for w in walks),
         max(w.settle_moves for w in walks),
@@ -86,7 +86,11 @@ def test_workers_merge_the_seeded_walks_in_worker_order(
     first = found[0]
     assert first.violation is not None
     assert code == 1
-    assert doc["violation"] == {"name": first.violation.name, "message": first.violation.message}
+    assert doc["violation"] == {
+        "name": first.violation.name,
+        "message": first.violation.message,
+        "moves": len(first.path),
+    }
     moves = [[m.kind, m.slot] for m in first.path]
     assert json.loads(trace.read_text())["moves"] == moves
     assert main(["--replay", str(trace), "--quiet"]) == 1
@@ -127,7 +131,9 @@ def test_a_worker_that_dies_ends_the_run_with_one_line_naming_the_walk(
         main([*QUIET, *HOLDS, "--workers", "3"])
     assert died.value.code == WORKER_DIED_EXIT == 2
     out, err = capsys.readouterr()
-    assert out.startswith("model_check ") and len(out.splitlines()) == 1  # line one only
+    lines = out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("model_check checks protocol upstream")
+    assert lines[1].startswith("model_check protocol=")  # the first two lines only
     lines = err.strip().splitlines()
     assert lines == [f"model_check: error: {died.value.message}"]
     # 101 moves over 3 walks: 34, 34 and 33.
@@ -166,7 +172,7 @@ def test_the_kill_hook_is_not_read_without_worker_processes(
     # With --workers 1 the walk runs in the CLI's own process, which the hook must spare.
     monkeypatch.setenv(KILL_WALK_ENV, "0")
     assert main([*QUIET, *HOLDS, "--workers", "1"]) == 0
-    assert "result=complete" in capsys.readouterr().out
+    assert "result=holds" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -368,7 +368,7 @@ def test_every_obligation_holds_for_every_variant(name: str) -> None:
 def test_main_exits_zero_and_names_each_obligation(capsys: pytest.CaptureFixture[str]) -> None:
     assert P.main(["--variant", "upstream", "--no-times"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("prove: variants=upstream nodes=any")
+    assert out.startswith("prove: protocols=upstream nodes=any")
     assert "holds   upstream: exit row 1 (remove_from_participants) keeps lists_disjoint" in out
     assert out.rstrip().splitlines()[-1].endswith("fail=0 unknown=0")
 
@@ -383,7 +383,15 @@ def test_a_missing_atom_formula_fails_coverage(monkeypatch: pytest.MonkeyPatch) 
 
 def test_main_rejects_an_unknown_variant(capsys: pytest.CaptureFixture[str]) -> None:
     assert P.main(["--variant", "nope"]) == 2
-    assert "unknown variant nope" in capsys.readouterr().err
+    assert "unknown protocol nope" in capsys.readouterr().err
+    assert P.main(["--protocol", "nope"]) == 2
+    assert "unknown protocol nope" in capsys.readouterr().err
+
+
+def test_protocol_and_variant_name_one_option(capsys: pytest.CaptureFixture[str]) -> None:
+    # The checker, the handler and prove call it a protocol; --variant stays an alias.
+    assert P.main(["--protocol", "torch-2.13", "--variant", "upstream", "--no-times"]) == 0
+    assert capsys.readouterr().out.startswith("prove: protocols=torch-2.13,upstream ")
 
 
 # ---------------------------------------------------------------------------------------
