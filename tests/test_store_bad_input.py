@@ -8,7 +8,9 @@ message, and nothing stored is changed by a call that fails.
 from __future__ import annotations
 
 import hashlib
+import re
 import sqlite3
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -586,3 +588,51 @@ def test_a_handler_meeting_a_foreign_redis_type_raises_a_state_error_naming_the_
     finally:
         handler.shutdown()
         store.close()
+
+
+# -- a missing client library names the extra that installs it -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "module", "extra"),
+    [
+        ("redis://127.0.0.1:1/0", "redis", "redis"),
+        ("rediss://127.0.0.1:1/0", "redis", "redis"),
+        ("etcd://127.0.0.1:1", "httpx", "etcd"),
+    ],
+)
+def test_a_missing_client_library_is_one_line_naming_the_extra(
+    url: str, module: str, extra: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # None in sys.modules makes `import <module>` fail as if it were not installed.
+    monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(ModuleNotFoundError) as raised:
+        open_store(url)
+    message = str(raised.value)
+    assert message.endswith(f"install it with: pip install 'rdzv[{extra}]'"), message
+    assert f"needs the {module!r} package" in message and "\n" not in message
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
+    # Through the handler's parameters, as a torch user would meet it.
+    params = RendezvousParameters(
+        backend="rdzv", endpoint=url, run_id="r", min_nodes=1, max_nodes=1
+    )
+    with pytest.raises(ModuleNotFoundError, match=re.escape(f"pip install 'rdzv[{extra}]'")):
+        create_handler(params)
+
+
+def test_a_broken_client_library_keeps_its_own_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The library is there but one of its own imports fails: installing the extra would
+    # not help, so the real error is not replaced.
+    import importlib
+
+    real = importlib.import_module
+
+    def broken(name: str) -> object:
+        if name == "redis":
+            raise ModuleNotFoundError("No module named 'async_timeout'", name="async_timeout")
+        return real(name)
+
+    monkeypatch.setattr(importlib, "import_module", broken)
+    with pytest.raises(ModuleNotFoundError, match="async_timeout") as raised:
+        open_store("redis://127.0.0.1:1/0")
+    assert "rdzv[redis]" not in str(raised.value)

@@ -8,10 +8,12 @@ messages.
 
 from __future__ import annotations
 
+import importlib
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from datetime import timedelta
+from types import ModuleType
 
 from rdzv.errors import StoreTimeoutError
 from rdzv.store import MAX_MEMBER_BYTES, MAX_SET_MEMBERS, as_bytes
@@ -19,6 +21,32 @@ from rdzv.store import MAX_MEMBER_BYTES, MAX_SET_MEMBERS, as_bytes
 # ``add`` stores its counter as optional minus sign + decimal ASCII digits, like torch.
 # ``int()`` alone would also accept spaces, underscores and non-ASCII digits.
 _COUNTER = re.compile(rb"-?[0-9]+")
+
+
+class MissingExtraError(ModuleNotFoundError):
+    """A store's client library is not installed; the message names the extra to install.
+
+    A ``ModuleNotFoundError`` (so ``except ImportError`` still catches it) whose message is
+    one line with the fix, raised without the chained import error."""
+
+
+def import_client(module: str, *, extra: str, scheme: str) -> ModuleType:
+    """Import the optional client library ``module`` that the ``scheme``:// store needs.
+
+    When ``module`` itself is missing, raises :class:`MissingExtraError` naming rdzv's
+    extra that installs it (``pip install 'rdzv[<extra>]'``). Any other import failure
+    (the library is there but broken, or one of its own dependencies is missing) is raised
+    unchanged, since installing the extra would not fix it."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module.partition(".")[0]:
+            raise
+        raise MissingExtraError(
+            f"the {scheme}:// store needs the {exc.name!r} package, which is not installed; "
+            f"install it with: pip install 'rdzv[{extra}]'",
+            name=exc.name,
+        ) from None
 
 
 def check_key(key: object) -> str:

@@ -89,6 +89,7 @@ from rdzv.stores.common import (
     check_member,
     check_pairs,
     encode_counter,
+    import_client,
     parse_counter,
     set_full_error,
     wait_seconds,
@@ -212,8 +213,7 @@ class EtcdStore(RemoteStore):
     )
 
     def __init__(self, url: str, *, timeout: timedelta = DEFAULT_STORE_TIMEOUT) -> None:
-        import httpx
-
+        httpx = import_client("httpx", extra="etcd", scheme="etcd")
         self._httpx = httpx
         parsed = parse_remote_url(url, DEFAULT_PORT, _PARAMS)
         if parsed.scheme not in ("etcd", "etcds"):

@@ -71,6 +71,7 @@ from rdzv.stores.common import (
     check_keys,
     check_member,
     check_pairs,
+    import_client,
     parse_counter,
     set_full_error,
     wait_seconds,
@@ -273,7 +274,7 @@ class RedisStore(RemoteStore):
     )
 
     def __init__(self, url: str, *, timeout: timedelta = DEFAULT_STORE_TIMEOUT) -> None:
-        import redis
+        redis = import_client("redis", extra="redis", scheme="redis")
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
