@@ -33,7 +33,11 @@ from rdzv.store import PrefixStore, Store
 if TYPE_CHECKING:
     from rdzv.stores import open_store
 
+__version__ = "0.1.0"
+"""rdzv's version: the one place it is written (pyproject.toml reads it from here)."""
+
 __all__ = [
+    "__version__",
     "Clock",
     "DynamicRendezvousHandler",
     "FakeClock",
