@@ -33,8 +33,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import hashlib
+import io
 import json
-import math
 import os
 import queue
 import re
@@ -52,7 +53,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
-from xml.sax.saxutils import escape
 
 ROOT = Path(__file__).resolve().parent.parent
 for extra in (ROOT, ROOT / "tests", ROOT / "benchmarks"):
@@ -697,8 +697,12 @@ def text_header() -> str:
     )
 
 
+def rows_json(rows: Sequence[Row]) -> str:
+    return json.dumps([asdict(r) for r in rows], indent=1, sort_keys=True) + "\n"
+
+
 def save_rows(rows: Sequence[Row], path: Path) -> None:
-    path.write_text(json.dumps([asdict(r) for r in rows], indent=1, sort_keys=True) + "\n")
+    path.write_text(rows_json(rows))
 
 
 def load_rows(path: Path) -> list[Row]:
@@ -731,129 +735,136 @@ def markdown_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-# -- SVG line plots (log-log), no dependencies -------------------------------------------------
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f")
-DASHES = {"hardened": "", "scale": "6,4", "torch": "2,3"}
+# -- plots (matplotlib, the `bench` extra) ---------------------------------------------------
 Series = tuple[str, Sequence[tuple[float, float | None]]]
-"""(label, [(x, y or None for a failed/omitted point)])."""
+"""(label, [(N, value, or None for a point whose measurement failed)]). A point that was
+not measured at all (torch beyond :data:`TORCH_MAX_N`) is simply absent."""
+STYLE = {"hardened": "-", "scale": "--", "torch": ":"}
+"""Line style by protocol (the colour tells the store)."""
+COLOURS = {"redis": "#1f77b4", "etcd": "#d62728", "memory": "#2ca02c", "sqlite": "#9467bd"}
+COLOUR_OTHER = "#555555"
+MARK_COLOUR = "#222222"
+"""The legend's failed and zero marks (each point is drawn in its series' colour)."""
+PLOT_FORMAT = "rdzv-bench-scale-plot/1"
+"""Recorded in each plot's metadata with the digest of the results it was drawn from."""
 
 
-def _decades(values: Sequence[float]) -> tuple[int, int]:
-    low = math.floor(math.log10(min(values)))
-    high = math.ceil(math.log10(max(values)))
-    return (low, high + 1) if low == high else (low, high)
+def _matplotlib() -> Any:
+    """pyplot, set up for reproducible SVG (Agg, text kept as text, fixed ids)."""
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        raise SystemExit(
+            "bench_scale: the plots need matplotlib: pip install -e '.[bench]' (or pass --no-plots)"
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update(
+        {
+            "svg.hashsalt": "rdzv-bench-scale",  # element ids do not change between runs
+            "svg.fonttype": "none",  # text stays text: readable, searchable, small
+            "font.size": 11,
+            "axes.titlesize": 12,
+        }
+    )
+    return plt
 
 
-def _decade_label(k: int) -> str:
-    if 0 <= k <= 6:
-        return f"{10**k:,}"
-    if -3 <= k < 0:
-        return f"{10.0**k:.{-k}f}"
-    return f"1e{k}"
+def plot_svg(
+    title: str, xlabel: str, ylabel: str, series: Sequence[Series], *, digest: str = ""
+) -> str:
+    """A log-log line plot as SVG text, deterministic for the same input and matplotlib.
 
+    Each series is a line with a marker per measured point. A failed point (None) is not
+    dropped: it is drawn as a cross in its series' colour in a band above the plot, at its
+    N, with its own element id (``failed-<label>-<N>``) and a legend entry. A zero, which a log axis
+    cannot show, is drawn as a hollow marker on the bottom edge (``zero-<label>-<N>``).
+    ``digest`` (of the results drawn) is written into the SVG's metadata."""
+    plt = _matplotlib()
+    from matplotlib.lines import Line2D
 
-def svg_plot(title: str, xlabel: str, ylabel: str, series: Sequence[Series]) -> str:
-    """A deterministic log-log line plot: one polyline per series (broken where a point is
-    missing), decade ticks with labels, minor ticks, a legend. Non-positive y values and
-    None are omitted (a log axis cannot show them)."""
-    width, height = 760, 440
-    left, right, top, bottom = 80, 520, 50, 370
-    drawn = [
-        (label, [(x, y) for x, y in pts if y is not None and y > 0 and x > 0])
-        for label, pts in series
-    ]
-    xs = [x for _, pts in drawn for x, _ in pts]
-    ys = [y for _, pts in drawn for _, y in pts]
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{(left + right) / 2:.1f}" y="28" text-anchor="middle" font-size="15">'
-        f"{escape(title)}</text>",
-    ]
-    if not xs:
-        out.append(f'<text x="{left}" y="{top + 40}">no measured points</text></svg>')
-        return "\n".join(out) + "\n"
-    x0, x1 = _decades(xs)
-    y0, y1 = _decades(ys)
-
-    def px(x: float) -> float:
-        return left + (math.log10(x) - x0) / (x1 - x0) * (right - left)
-
-    def py(y: float) -> float:
-        return bottom - (math.log10(y) - y0) / (y1 - y0) * (bottom - top)
-
-    grid = 'stroke="#dddddd" stroke-width="1"'
-    for k in range(x0, x1 + 1):
-        x = px(10.0**k)
-        out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" {grid}/>')
-        out.append(
-            f'<text x="{x:.1f}" y="{bottom + 18}" text-anchor="middle">{_decade_label(k)}</text>'
-        )
-        for m in range(2, 10) if k < x1 else ():
-            xm = px(m * 10.0**k)
-            out.append(
-                f'<line x1="{xm:.1f}" y1="{bottom}" x2="{xm:.1f}" y2="{bottom - 4}" '
-                'stroke="black"/>'
+    fig, ax = plt.subplots(figsize=(8.0, 4.6), layout="constrained")
+    edge = ax.get_xaxis_transform()  # x in data, y in axes fractions (0 bottom, 1 top)
+    handles: list[Any] = []
+    failing = [label for label, points in series if any(y is None for _, y in points)]
+    zeros = [label for label, points in series if any(y == 0 for _, y in points)]
+    failed_any, zero_any = bool(failing), bool(zeros)
+    for label, points in series:
+        store, _, protocol = label.partition(" ")
+        colour = COLOURS.get(store, COLOUR_OTHER)
+        style = STYLE.get(protocol, STYLE["torch"] if "torch" in label else "-")
+        good = [(x, y) for x, y in points if y is not None and y > 0]
+        if good:
+            ax.plot(*zip(*good, strict=True), style, marker="o", color=colour)
+        handles.append(Line2D([], [], ls=style, marker="o", color=colour, label=label))
+        # Failed points go in a band above the plot and zeros on its bottom edge, outside
+        # the data's range; each series gets its own row there, so two series failing at
+        # the same N stay two marks of two colours.
+        for x, y in points:
+            if y is None:
+                ax.plot(
+                    [x], [1.04 + 0.055 * failing.index(label)], "x", color=colour,
+                    markersize=9, mew=2.5, transform=edge, clip_on=False,
+                    gid=f"failed-{label}-{x:g}".replace(" ", "-"),
+                )  # fmt: skip
+            elif y == 0:
+                ax.plot(
+                    [x], [0.025 * zeros.index(label)], "o", mfc="white", mew=1.5,
+                    color=colour, markersize=7, transform=edge, clip_on=False,
+                    gid=f"zero-{label}-{x:g}".replace(" ", "-"),
+                )  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.grid(True, which="major", color="#dddddd")
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    ax.set_title(title, pad=8 + 14 * len(failing))  # above the band of failed points
+    if failed_any:
+        handles.append(
+            Line2D(
+                [],
+                [],
+                ls="",
+                marker="x",
+                color=MARK_COLOUR,
+                mew=2.5,
+                label="failed (above the plot)",
             )
-    for k in range(y0, y1 + 1):
-        y = py(10.0**k)
-        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" {grid}/>')
-        out.append(
-            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_decade_label(k)}</text>'
         )
-        for m in range(2, 10) if k < y1 else ():
-            ym = py(m * 10.0**k)
-            out.append(
-                f'<line x1="{left}" y1="{ym:.1f}" x2="{left + 4}" y2="{ym:.1f}" stroke="black"/>'
+    if zero_any:
+        handles.append(
+            Line2D(
+                [],
+                [],
+                ls="",
+                marker="o",
+                mfc="white",
+                color=MARK_COLOUR,
+                label="zero (bottom edge)",
             )
-    out.append(
-        f'<rect x="{left}" y="{top}" width="{right - left}" height="{bottom - top}" '
-        'fill="none" stroke="black"/>'
-    )
-    out.append(
-        f'<text x="{(left + right) / 2:.1f}" y="{bottom + 40}" text-anchor="middle">'
-        f"{escape(xlabel)}</text>"
-    )
-    out.append(
-        f'<text x="20" y="{(top + bottom) / 2:.1f}" text-anchor="middle" '
-        f'transform="rotate(-90 20 {(top + bottom) / 2:.1f})">{escape(ylabel)}</text>'
-    )
-    legend_y = top + 6
-    shown = 0
-    for i, (label, pts) in enumerate(drawn):
-        color = PALETTE[i % len(PALETTE)]
-        dash = DASHES.get(label.rsplit(" ", 1)[-1], "")
-        style = f'stroke="{color}" stroke-width="2" fill="none"'
-        if dash:
-            style += f' stroke-dasharray="{dash}"'
-        segments: list[list[tuple[float, float]]] = [[]]
-        original = dict(series[i][1])
-        for x in sorted(original):
-            value = original[x]
-            if value is None or value <= 0:
-                segments.append([])
-            else:
-                segments[-1].append((x, value))
-        for seg in segments:
-            if len(seg) >= 2:
-                coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in seg)
-                out.append(f'<polyline points="{coords}" {style}/>')
-        for x, y in pts:
-            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{color}"/>')
-        if not pts:
-            continue
-        ly = legend_y + 18 * shown
-        shown += 1
-        out.append(
-            f'<line x1="{right + 20}" y1="{ly:.1f}" x2="{right + 50}" y2="{ly:.1f}" {style}/>'
         )
-        out.append(f'<text x="{right + 56}" y="{ly + 4:.1f}">{escape(label)}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+    if handles:
+        ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    else:
+        ax.text(0.5, 0.5, "no measured points", transform=ax.transAxes, ha="center")
+    out = io.StringIO()
+    fig.savefig(
+        out,
+        format="svg",
+        metadata={"Date": None, "Description": f"{PLOT_FORMAT} results-sha256={digest}"},
+    )
+    plt.close(fig)
+    return out.getvalue()
+
+
+def results_digest(rows: Sequence[Row]) -> str:
+    """The digest of ``rows`` as :func:`save_rows` writes them."""
+    return hashlib.sha256(rows_json(rows).encode("utf-8")).hexdigest()
 
 
 def write_plots(rows: Sequence[Row], folder: Path) -> list[Path]:
+    """Draw the four plots of ``rows`` into ``folder`` (see :data:`PLOT_FILES`)."""
     combos = sorted({(r.store, r.protocol) for r in rows}, key=lambda c: c)
 
     def series(pick: Any) -> list[Series]:
@@ -868,46 +879,40 @@ def write_plots(rows: Sequence[Row], folder: Path) -> list[Path]:
     def ok_round(key: str) -> Any:
         return lambda r: r.round.values[key] if r.round.ok else None
 
-    torch_points: dict[int, float] = {
-        r.n: r.torch.values["seconds"] for r in rows if r.torch is not None and r.torch.ok
+    torch_points: dict[int, float | None] = {
+        r.n: r.torch.values["seconds"] if r.torch.ok else None for r in rows if r.torch is not None
     }
     time_series = series(ok_round("seconds"))
     if torch_points:
         time_series.append(("c10d torch", sorted((float(n), t) for n, t in torch_points.items())))
+    # No steady window after a failed round: that point failed too.
     steady = series(
         lambda r: r.steady.values["bytes"] if r.steady is not None and r.steady.ok else None
     )
+    digest = results_digest(rows)
     plots = {
-        "time": svg_plot(
-            "Time to complete one min = max = N rendezvous",
-            "N (nodes)",
-            "seconds",
-            time_series,
-        ),
-        "lost": svg_plot(
-            "Lost CAS (conflicts) per rendezvous, all nodes (0 not drawn)",
-            "N (nodes)",
+        "time": ("Time to complete one min = max = N rendezvous", "seconds", time_series),
+        "lost": (
+            "Lost CAS (conflicts) per rendezvous, all nodes",
             "lost compare-and-sets",
             series(ok_round("cas_conflicts")),
         ),
-        "bytes": svg_plot(
+        "bytes": (
             "Bytes moved by the server during one rendezvous",
-            "N (nodes)",
             "bytes (server counters)",
             series(ok_round("bytes")),
         ),
-        "steady": svg_plot(
+        "steady": (
             "Steady state: server bytes per keep-alive interval",
-            "N (nodes)",
             "bytes per interval",
             steady,
         ),
     }
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for key, svg in plots.items():
+    for key, (title, ylabel, data) in plots.items():
         path = folder / PLOT_FILES[key]
-        path.write_text(svg)
+        path.write_text(plot_svg(title, "N (nodes)", ylabel, data, digest=digest))
         written.append(path)
     return written
 

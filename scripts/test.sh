@@ -4,8 +4,8 @@
 #
 # - Debian packages: redis-server and etcd-server (the store tests start real servers on
 #   127.0.0.1 themselves), openssl (TLS certificates for those tests).
-# - Python: the package with its test, torch (CPU build, for the torchrun tests), redis
-#   and etcd extras.
+# - Python: the package with its test, torch (CPU build, for the torchrun tests), redis,
+#   etcd and bench (matplotlib: the benchmark plots' freshness test) extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +27,7 @@ for svc in redis-server etcd; do
     if command -v systemctl >/dev/null 2>&1; then systemctl stop "$svc" >/dev/null 2>&1 || true; fi
 done
 
-python3 -m pip install --quiet --disable-pip-version-check -e '.[test,torch,redis,etcd]'
+python3 -m pip install --quiet --disable-pip-version-check -e '.[test,torch,redis,etcd,bench]'
 
 # pytest's exit status 5 ("no tests collected") fails this script like any other failure.
 exec python3 -m pytest "$@"

@@ -2,7 +2,8 @@
 measurement in its own subprocess, as in a full run) prints one parseable row per N and
 protocol, and the scale protocol's round costs fewer CAS attempts than hardened's. The
 multi-process driver (nodes as worker processes x threads) runs one round on SQLite. The
-SVG plot writer and the failure rows are checked directly. No timing is asserted.
+plots (matplotlib) and the failure rows are checked directly, and the committed plots
+against the committed results they were drawn from. No timing is asserted.
 """
 
 from __future__ import annotations
@@ -22,12 +23,16 @@ if str(ROOT / "benchmarks") not in sys.path:
 import bench_scale  # noqa: E402
 from bench_scale import (  # noqa: E402
     COLUMNS,
+    PLOT_FILES,
     Outcome,
     Row,
     Series,
+    load_rows,
     markdown_table,
-    svg_plot,
+    plot_svg,
+    results_digest,
     text_line,
+    write_plots,
 )
 
 RUN_WITHIN_S = 120.0
@@ -121,24 +126,51 @@ def test_failed_rows_say_why() -> None:
     assert "failed: RuntimeError: timed out" in table[2]
 
 
-def test_svg_plot_is_log_log_deterministic_and_omits_failed_points() -> None:
+def _ids(svg: str) -> set[str]:
+    return {e.get("id", "") for e in ET.fromstring(svg).iter()}
+
+
+def test_plots_mark_failed_and_zero_points_instead_of_dropping_them() -> None:
     series: list[Series] = [
         ("redis hardened", [(8.0, 0.5), (64.0, 20.0), (512.0, None)]),
         ("redis scale", [(8.0, 0.02), (64.0, 0.2), (512.0, 2.0)]),
-        ("etcd scale", [(8.0, 0.0), (64.0, None)]),  # nothing drawable: no legend entry
+        ("etcd scale", [(8.0, 0.0), (64.0, None)]),  # nothing on the log axis itself
     ]
-    svg = svg_plot("t", "N", "s", series)
-    assert svg == svg_plot("t", "N", "s", series)
-    root = ET.fromstring(svg)
-    texts = [t.text for t in root.iter(f"{SVG}text")]
-    # Decade labels cover the data: x 8..512 -> 1..1,000; y 0.02..20 -> 0.01..100.
-    for label in ("1", "10", "100", "1,000", "0.01", "0.1"):
-        assert label in texts, f"decade label {label} missing: {texts}"
-    assert "redis hardened" in texts and "redis scale" in texts
-    assert "etcd scale" not in texts
-    assert len(list(root.iter(f"{SVG}circle"))) == 5  # the failed and zero points are omitted
-    assert len(list(root.iter(f"{SVG}polyline"))) == 2
-    assert bench_scale.svg_plot("empty", "N", "s", []).count("no measured points") == 1
+    svg = plot_svg("t", "N", "s", series, digest="abc")
+    assert svg == plot_svg("t", "N", "s", series, digest="abc")  # reproducible
+    ids = _ids(svg)
+    assert {"failed-redis-hardened-512", "failed-etcd-scale-64", "zero-etcd-scale-8"} <= ids
+    assert not {i for i in ids if i.startswith(("failed-redis-scale", "zero-redis"))}
+    texts = [t.text for t in ET.fromstring(svg).iter(f"{SVG}text")]
+    # Every series is in the legend, with the marks' meaning; N is labelled as numbers.
+    for label in ("redis hardened", "redis scale", "etcd scale", "failed (above the plot)"):
+        assert label in texts, texts
+    assert "zero (bottom edge)" in texts and "512" in texts
+    assert "rdzv-bench-scale-plot/1 results-sha256=abc" in svg
+    assert "no measured points" in plot_svg("empty", "N", "s", [])
+
+
+def test_committed_plots_are_fresh_and_mark_every_failed_point(tmp_path: Path) -> None:
+    folder = ROOT / "docs" / "benchmarks"
+    rows = load_rows(folder / "scale_results.json")
+    written = write_plots(rows, tmp_path)
+    command = "python3 benchmarks/bench_scale.py --from-results docs/benchmarks/scale_results.json"
+    stale = [p.name for p in written if p.read_text() != (folder / p.name).read_text()]
+    assert stale == [], f"plots are stale: run {command} (stale: {stale})"
+    plots = {key: (folder / name).read_text() for key, name in PLOT_FILES.items()}
+    for svg in plots.values():
+        assert f"results-sha256={results_digest(rows)}" in svg
+    failures = 0
+    for row in rows:
+        point = f"{row.store}-{row.protocol}-{row.n}"
+        if not row.round.ok:
+            for key in ("time", "lost", "bytes", "steady"):
+                assert f"failed-{point}" in _ids(plots[key]), (key, point)
+                failures += 1
+        elif row.steady is not None and not row.steady.ok:
+            assert f"failed-{point}" in _ids(plots["steady"]), point
+            failures += 1
+    assert failures > 0  # the committed run has failed points: the check above is not empty
 
 
 def test_a_measurement_that_overruns_its_cap_reports_how_far_it_got() -> None:
