@@ -36,3 +36,12 @@ echo "rendered $count diagram sources with $(dot -V 2>&1)"
 
 echo "== mkdocs build --strict -> $site"
 python3 -m mkdocs build --strict --site-dir "$site" 2>&1 | tail -n 3
+
+# The docstrings use Sphinx roles; scripts/griffe_sphinx_roles.py turns them into links or
+# code. One left in the rendered reference means that rewrite missed a form.
+if grep -oE ':(py:)?(class|func|meth|data|mod|attr|exc|obj|const):' "$site/reference/index.html" | head -n 3 | grep -q .; then
+    echo "scripts/docs.sh: raw Sphinx roles in the API reference ($site/reference/index.html):" >&2
+    grep -oE '.{0,40}:(py:)?(class|func|meth|data|mod|attr|exc|obj|const):.{0,40}' "$site/reference/index.html" | head -n 5 >&2
+    exit 1
+fi
+echo "API reference: no raw Sphinx roles"
