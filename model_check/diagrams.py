@@ -286,8 +286,8 @@ def _header(name: str, rankdir: str) -> list[str]:
         f"digraph {_q(name)} {{",
         f"  rankdir={rankdir};",
         f'  graph [fontname="{FONT}", labelloc=t, fontsize=16];',
-        f'  node [fontname="{FONT}", fontsize=11];',
-        f'  edge [fontname="{FONT}", fontsize=9];',
+        f'  node [fontname="{FONT}", fontsize=12];',
+        f'  edge [fontname="{FONT}", fontsize=12];',
     ]
 
 
@@ -308,7 +308,9 @@ _PHASE_STYLE = {
 
 
 def shared_lifecycle_dot(variant: Variant, edges: Iterable[Edge]) -> str:
-    lines = _header(f"{variant.name}: shared-state lifecycle", "LR")
+    # Top to bottom: the page is narrower than it is long, and left to right the edge
+    # labels side by side made the drawing twice the page's width (6 px text).
+    lines = _header(f"{variant.name}: shared-state lifecycle", "TB")
     lines.append(f"  label={_q(f'{variant.name}: shared-state lifecycle')};")
     lines.append('  start [shape=point, label=""];')
     for phase in SharedPhase:
@@ -334,24 +336,48 @@ def _status_style(status: NodeStatus) -> str:
     return 'shape=box, style="rounded,filled", fillcolor=lightblue'
 
 
+def _row_number(label: str) -> int:
+    """The join row of a node-lifecycle edge label (``"12: add_to_participants"``)."""
+    return int(label.split(":", 1)[0])
+
+
 def node_lifecycle_dot(variant: Variant, edges: Iterable[Edge]) -> str:
-    title = f"{variant.name}: one node's join (edges: join row: action)"
-    lines = _header(title, "LR")
+    """Top to bottom, each edge labelled with its join rows' numbers only: the page's
+    table beside it (:func:`node_edges_table`) gives each row's action."""
+    title = f"{variant.name}: one node's join (edges: join rows)"
+    lines = _header(title, "TB")
     lines.append(f"  label={_q(title)};")
     for status in NodeStatus:
         lines.append(f"  {_q(status.value)} [{_status_style(status)}];")
     lines.append(
         f"  {_q(NodeStatus.IDLE.value)} -> {_q(NodeStatus.JOINING.value)} "
-        '[style=dashed, label="next_rendezvous: exit, then join"];'
+        '[style=dashed, label="next_rendezvous:\\nexit, then join"];'
     )
     lines.append(
         f"  {_q(NodeStatus.DONE.value)} -> {_q(NodeStatus.IDLE.value)} "
-        '[style=dashed, label="return rank and world size"];'
+        '[style=dashed, label="return rank\\nand world size"];'
     )
     for source, target, labels in _grouped(edges):
-        lines.append(f"  {_q(source)} -> {_q(target)} [label={_q(chr(10).join(labels))}];")
+        rows = ", ".join(str(n) for n in sorted(map(_row_number, labels)))
+        lines.append(f"  {_q(source)} -> {_q(target)} [label={_q(rows)}];")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def node_edges_table(variant: Variant, edges: Iterable[Edge]) -> list[str]:
+    """The Markdown table under a node lifecycle: each join row's action and the moves
+    of the node it makes (the diagram's edges carry the row numbers only)."""
+    moves: dict[int, list[str]] = {}
+    for source, target, labels in _grouped(edges):
+        for label in labels:
+            move = f"stays {source}" if source == target else f"{source} → {target}"
+            moves.setdefault(_row_number(label), []).append(move)
+    table = variant.table(Op.JOIN)
+    out = ["| join row | action | moves the node |", "|---:|---|---|"]
+    for index, r in enumerate(table.rows):
+        where = ", ".join(moves.get(index, [])) or "(not observed)"
+        out.append(f"| {index} | `{r.then.value}` | {where} |")
+    return out
 
 
 def _action_style(action: Action) -> str:
@@ -398,12 +424,24 @@ def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-." else "-" for c in name)
 
 
-def diagram_sources(variants: Mapping[str, Variant] | None = None) -> dict[str, str]:
+Observed = Mapping[str, tuple[set[Edge], set[Edge]]]
+"""Each variant's observed (shared-lifecycle, node-lifecycle) edges, by name."""
+
+
+def observe_all(variants: Mapping[str, Variant]) -> dict[str, tuple[set[Edge], set[Edge]]]:
+    return {name: _observe(variant) for name, variant in variants.items()}
+
+
+def diagram_sources(
+    variants: Mapping[str, Variant] | None = None, observed: Observed | None = None
+) -> dict[str, str]:
     """DOT file name -> content, for every variant and diagram."""
+    chosen = variants if variants is not None else VARIANTS
+    edges = observed if observed is not None else observe_all(chosen)
     out: dict[str, str] = {}
-    for name in sorted(variants if variants is not None else VARIANTS):
-        variant = (variants if variants is not None else VARIANTS)[name]
-        shared, node = _observe(variant)
+    for name in sorted(chosen):
+        variant = chosen[name]
+        shared, node = edges[name]
         slug = _slug(variant.name)
         out[f"{slug}-shared-lifecycle.dot"] = shared_lifecycle_dot(variant, shared)
         out[f"{slug}-node-lifecycle.dot"] = node_lifecycle_dot(variant, node)
@@ -420,9 +458,18 @@ def _kinds(slug: str) -> list[tuple[str, str]]:
     ]
 
 
-def diagrams_page(variants: Mapping[str, Variant], sources: Mapping[str, str]) -> str:
-    """The Markdown page ``docs/diagrams.md`` embedding every SVG."""
+def diagrams_page(
+    variants: Mapping[str, Variant], sources: Mapping[str, str], observed: Observed
+) -> str:
+    """The Markdown page ``docs/diagrams.md`` embedding every SVG (each a link to the
+    full-size drawing), without the table of contents beside it, so that the drawings
+    get the page's whole width."""
     lines = [
+        "---",
+        "hide:",
+        "  - toc",
+        "---",
+        "",
         "# Diagrams",
         "",
         f"<!-- Generated by `{COMMAND}`: do not edit. -->",
@@ -450,11 +497,12 @@ def diagrams_page(variants: Mapping[str, Variant], sources: Mapping[str, str]) -
         "is set, else *open*; a transition that increments the round number ends in",
         "*next round* (an open round with a new number). Pruning edges come from",
         "`sanitize` on the same situations with some heartbeats expired. The node",
-        "lifecycle labels each edge with the join table's row number and action; the",
-        "dashed edges are the calls around the join operation.",
+        "lifecycle labels each edge with the numbers of the join table's rows that move",
+        "the node along it (the table under it gives each row's action); the dashed",
+        "edges are the calls around the join operation.",
         "",
         "Colours: blue mutates the shared state, yellow waits, green succeeds, pink",
-        "fails.",
+        "fails. Each drawing links to its full-size SVG.",
         "",
     ]
     order = list(variants)  # the registry's order: the reference variant first
@@ -483,16 +531,20 @@ def diagrams_page(variants: Mapping[str, Variant], sources: Mapping[str, str]) -
                 ]
                 continue
         for title, stem in _kinds(slug):
-            lines += [f"### {title}", "", f"![{name}: {title}](diagrams/{stem}.svg)", ""]
+            image = f"[![{name}: {title}](diagrams/{stem}.svg)](diagrams/{stem}.svg)"
+            lines += [f"### {title}", "", image, ""]
+            if stem.endswith("-node-lifecycle"):
+                lines += [*node_edges_table(variants[name], observed[name][1]), ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def generate(variants: Mapping[str, Variant] | None = None) -> dict[str, str]:
     """Every generated text file, as path relative to ``docs/`` -> content."""
     chosen = variants if variants is not None else VARIANTS
-    sources = diagram_sources(chosen)
+    observed = observe_all(chosen)
+    sources = diagram_sources(chosen, observed)
     out = {f"{DIAGRAM_DIR_NAME}/{name}": text for name, text in sources.items()}
-    out["diagrams.md"] = diagrams_page(chosen, sources)
+    out["diagrams.md"] = diagrams_page(chosen, sources, observed)
     return dict(sorted(out.items()))
 
 

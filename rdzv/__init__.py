@@ -37,7 +37,6 @@ __version__ = "0.1.0"
 """rdzv's version: the one place it is written (pyproject.toml reads it from here)."""
 
 __all__ = [
-    "__version__",
     "Clock",
     "DynamicRendezvousHandler",
     "FakeClock",
@@ -58,6 +57,7 @@ __all__ = [
     "Store",
     "StoreRendezvousBackend",
     "SystemClock",
+    "__version__",
     "create_handler",
     "open_store",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,29 @@ def test_phase_classification() -> None:
     closed = open_.evolve(complete=True, closed=True)
     assert diagrams.shared_phase(closed) is diagrams.SharedPhase.CLOSED
     assert diagrams.phase_after(open_, open_.evolve(round=1)) is diagrams.SharedPhase.NEXT_ROUND
+
+
+PAGE_WIDTH_PT = 900
+"""Widest drawing that stays readable on the diagrams page: the page hides its table of
+contents, leaving about 940 CSS px (705 pt) at a 1280 px window, so a 900 pt drawing is
+shown at 0.78 of its size, and its 12 pt labels at about 12.5 px."""
+
+
+def test_every_diagram_is_readable_at_page_width() -> None:
+    # Left to right, the lifecycles were up to 1,133 pt wide: shown at half size, 6 px text.
+    widths = {}
+    for svg in sorted(diagrams.DOCS.joinpath(diagrams.DIAGRAM_DIR_NAME).glob("*.svg")):
+        head = svg.read_text(encoding="utf-8")[:2000]
+        m = re.search(r'<svg width="(\d+)pt"', head)
+        assert m, svg
+        widths[svg.name] = int(m[1])
+    assert widths and max(widths.values()) <= PAGE_WIDTH_PT, {
+        k: w for k, w in widths.items() if w > PAGE_WIDTH_PT
+    }
+    for source in diagrams.generate().values():
+        assert "fontsize=9" not in source and "fontsize=11" not in source
+    page = diagrams.generate()["diagrams.md"]
+    assert page.startswith("---\nhide:\n  - toc\n---\n")  # the drawings get the page's width
+    # Each drawing links to its full-size SVG.
+    assert "[![upstream: Shared-state lifecycle](diagrams/upstream-shared-lifecycle.svg)]" in page
+    assert "| 12 | `add_to_participants` | joining → participant, waiting → participant |" in page
