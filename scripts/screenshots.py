@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -220,12 +221,17 @@ class DevTools:
 @contextlib.contextmanager
 def browser(binary: str) -> Iterator[DevTools]:
     """Chromium with a fresh profile, and a DevTools session attached to one blank tab."""
-    with tempfile.TemporaryDirectory(prefix="rdzv-chromium-") as profile:
+    # Chromium is a tree of processes: it runs in its own session, so that stopping it
+    # stops all of them before its profile folder is removed.
+    with tempfile.TemporaryDirectory(
+        prefix="rdzv-chromium-", ignore_cleanup_errors=True
+    ) as profile:
         proc = subprocess.Popen(
             [binary, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,
         )
         try:
             url = _devtools_url(proc)
@@ -243,12 +249,26 @@ def browser(binary: str) -> Iterator[DevTools]:
             finally:
                 tools.close()
         finally:
-            proc.terminate()
-            try:
-                proc.wait(PAGE_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(PAGE_TIMEOUT_S)
+            _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM to Chromium's whole process group, then SIGKILL if it is still there."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(PAGE_TIMEOUT_S)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    deadline = time.monotonic() + PAGE_TIMEOUT_S
+    while time.monotonic() < deadline:  # its children leave the group as they exit
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
 
 
 def _devtools_url(proc: subprocess.Popen[str]) -> str:
