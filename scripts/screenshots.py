@@ -57,7 +57,7 @@ FLAGS = (
 is closed: without these it keeps trying to reach its vendor's hosts)."""
 PAGE_TIMEOUT_S = 60.0
 """Bound on starting the browser, loading one page, and any one DevTools reply."""
-MAX_TILES = 40
+MAX_TILES = 100
 """Most tiles per page (a page taller than that many tiles is cut, and says so)."""
 
 
