@@ -542,6 +542,8 @@ def headline(params: dict[str, Any], given: set[str]) -> str:
         faults.append(f"a {params['store']} store")
     if faults:
         fault_text = "faults: " + ", ".join(faults)
+    elif given & set(BUDGET_OPTIONS) - {"closes"}:
+        fault_text = "faults: none"
     else:
         fault_text = "faults: none (the default; add one with --crash 1, --cas-unknown 1, ...)"
     world = (
@@ -576,6 +578,10 @@ def headline(params: dict[str, Any], given: set[str]) -> str:
 INTERRUPTED_EXIT = 130
 """Exit code of a random walk or replay stopped by Ctrl-C (128 + SIGINT, as shells report
 it). SIGTERM is caught only during an exhaustive search; elsewhere it keeps its default."""
+
+BROKEN_PIPE_EXIT = 141
+"""Exit code when stdout was closed before the output ended (128 + SIGPIPE, as shells
+report a process that SIGPIPE ended)."""
 
 UNDECIDED = "livelock and calls_end_as_specified need the whole space and were not decided"
 
@@ -832,7 +838,7 @@ def _replay_main(path_text: str, as_json: bool) -> int:
         raise UsageError(f"trace {path}: field 'argv' is invalid: {exc}") from None
     params = {**params, "replay": str(path)}
     if not as_json:
-        print(f"model_check checks {headline(params, set())}")
+        print(f"model_check checks {headline(params, set(MODEL_OPTIONS))}")
         print(first_line(params))
     try:
         steps, _ = replay(cfg, moves)
@@ -873,7 +879,7 @@ def _replay_main(path_text: str, as_json: bool) -> int:
             "format": REPLAY_FORMAT,
             "result": result,
             "exit_code": EXIT_CODES[result],
-            "checks": headline(params, set()),
+            "checks": headline(params, set(MODEL_OPTIONS)),
             "params": params,
             "argv": argv,
             "expected": expected,
@@ -934,6 +940,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # or a replay has nothing to report until it ends.
         print("model_check: interrupted; no result", file=sys.stderr)
         return INTERRUPTED_EXIT
+    except BrokenPipeError:
+        # The reader of stdout went away (`| head -2`): no traceback, and no more output
+        # (the interpreter's final flush would fail again).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE_EXIT
 
 
 def _main(args: list[str]) -> int:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -462,3 +464,23 @@ def test_variant_is_the_same_option_as_protocol() -> None:
     assert by_protocol.protocol == by_variant.protocol == "hardened"
     _, params = build_config(by_variant)
     assert params["protocol"] == "hardened"
+
+
+def test_a_closed_stdout_ends_the_run_without_a_traceback() -> None:
+    # `python -m model_check ... | head -1`: the reader is gone before the output ends.
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody will ever read: the first line written fails
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "model_check", "--nodes", "2", "--quiet"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            timeout=120,  # guards against a hang only; the run takes a second
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (141, "")
