@@ -312,13 +312,14 @@ def shared_lifecycle_dot(variant: Variant, edges: Iterable[Edge]) -> str:
     # labels side by side made the drawing twice the page's width (6 px text).
     lines = _header(f"{variant.name}: shared-state lifecycle", "TB")
     lines.append(f"  label={_q(f'{variant.name}: shared-state lifecycle')};")
+    lines.append("  nodesep=0.5; ranksep=0.6;")  # room between the stacked edge labels
     lines.append('  start [shape=point, label=""];')
     for phase in SharedPhase:
         lines.append(f"  {_q(phase.value)} [{_PHASE_STYLE[phase]}];")
     lines.append(f'  start -> {_q(SharedPhase.OPEN.value)} [label="empty state"];')
     lines.append(
         f"  {_q(SharedPhase.NEXT_ROUND.value)} -> {_q(SharedPhase.OPEN.value)} "
-        '[style=dashed, label="round + 1, nobody listed as participant"];'
+        '[style=dashed, label="round + 1, nobody\\nlisted as participant"];'
     )
     for source, target, labels in _grouped(edges):
         lines.append(f"  {_q(source)} -> {_q(target)} [label={_q(chr(10).join(labels))}];")
