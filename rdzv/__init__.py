@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# First: whether rdzv works with torch is decided before any other module of rdzv loads
+# (importing torch's rendezvous package loads rdzv's torchrun plug-in; see rdzv._torch).
+from rdzv import _torch  # noqa: F401
 from rdzv.api import (
     RendezvousHandler,
     RendezvousInfo,

@@ -16,7 +16,7 @@ import math
 import operator
 import socket
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -32,7 +32,7 @@ from rdzv.errors import (
 )
 from rdzv.store import Store
 from rdzv.stores.url import redact
-from spec.settings import Settings
+from spec.settings import Settings, SettingsError
 from spec.state import MAX_ADDR_LEN, NodeId, valid_addr
 
 __all__ = [
@@ -113,6 +113,39 @@ def _config_value_text(value: object) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
+def torch_worded(torch_text: str, ours: str, kind: type[ValueError] = ValueError) -> ValueError:
+    """A ``kind`` whose message is torch's sentence for the same mistake, so that code and
+    tests written against torch's text match it exactly (torch's own tests anchor their
+    patterns, ``^...$``), with rdzv's explanation and fix (``ours``) as its note (PEP 678):
+    every traceback prints it under the message, and ``pytest.raises(match=...)`` matches
+    message and notes alike."""
+    error = kind(torch_text)
+    error.add_note(ours)
+    return error
+
+
+def check_node_bounds(min_nodes: object, max_nodes: object, nodes: str) -> None:
+    """Refuse node bounds torch refuses, in torch's words (``nodes`` is torch's noun:
+    ``"rendezvous nodes"`` for parameters, ``"nodes"`` for a handler) with spec's
+    explanation as the note. Bounds that are not integers are left to
+    :class:`spec.settings.Settings`, which says so."""
+    if isinstance(min_nodes, bool) or not isinstance(min_nodes, int):
+        return
+    if isinstance(max_nodes, bool) or not isinstance(max_nodes, int):
+        return
+    try:
+        Settings(min_nodes=min_nodes, max_nodes=max_nodes)
+    except SettingsError as exc:
+        if min_nodes < 1:
+            torch_text = f"The minimum number of {nodes} ({min_nodes}) must be greater than zero."
+        else:
+            torch_text = (
+                f"The maximum number of {nodes} ({max_nodes}) must be greater than or equal "
+                f"to the minimum number of {nodes} ({min_nodes})."
+            )
+        raise torch_worded(torch_text, str(exc), SettingsError) from None
+
+
 def check_local_addr(addr: str) -> None:
     """Refuse ``addr`` as this host's address (the bootstrap address other nodes connect
     to, and the first part of the node id) with a ``ValueError`` that says why, unless it
@@ -151,9 +184,10 @@ class RendezvousParameters:
         **kwargs: Any,
     ) -> None:
         if not isinstance(backend, str) or not backend:
-            raise ValueError(
+            raise torch_worded(
+                "The rendezvous backend name must be a non-empty string.",
                 f"backend must be a non-empty string, got {backend!r}; "
-                f"pass the name of the rendezvous backend, e.g. 'rdzv'"
+                f"pass the name of the rendezvous backend, e.g. 'rdzv'",
             )
         if not isinstance(endpoint, str):
             raise ValueError(
@@ -165,7 +199,8 @@ class RendezvousParameters:
                 f"run_id must be a string, got {_config_value_text(run_id)}; "
                 f"pass the job's id, e.g. 'job-42'"
             )
-        # The node bounds are validated where the protocol defines them.
+        # The node bounds are validated where the protocol defines them (in torch's words).
+        check_node_bounds(min_nodes, max_nodes, "rendezvous nodes")
         Settings(min_nodes=min_nodes, max_nodes=max_nodes)
         if local_addr is not None:
             if not isinstance(local_addr, str):
@@ -206,9 +241,11 @@ class RendezvousParameters:
                 return True
             if text in ("0", "false", "f", "no", "n"):
                 return False
-        raise ValueError(
+        raise torch_worded(
+            f"The rendezvous configuration option '{key}' does not represent a valid boolean "
+            f"value.",
             f"config option {key!r} is {_config_value_text(value)}, which is not a boolean; "
-            f"use one of true/false, yes/no, 1/0"
+            f"use one of true/false, yes/no, 1/0",
         )
 
     def get_as_int(self, key: str, default: int | None = None) -> int | None:
@@ -217,10 +254,7 @@ class RendezvousParameters:
         if value is None:
             return None
         if isinstance(value, bool):
-            raise ValueError(
-                f"config option {key!r} is {_config_value_text(value)}, which is not an "
-                f"integer; pass a whole number such as '3'"
-            )
+            raise _not_an_integer(key, value)
         number: int | None = None
         if isinstance(value, int):
             number = value
@@ -237,10 +271,7 @@ class RendezvousParameters:
             except TypeError:
                 number = None
         if number is None:
-            raise ValueError(
-                f"config option {key!r} is {_config_value_text(value)}, which is not an "
-                f"integer; pass a whole number such as '3'"
-            )
+            raise _not_an_integer(key, value)
         return number
 
     def get_as_float(self, key: str, default: float | None = None) -> float | None:
@@ -265,6 +296,44 @@ class RendezvousParameters:
                 f"finite number; pass a number of seconds such as '30' or '0.5'"
             )
         return number
+
+
+def _not_an_integer(key: str, value: object) -> ValueError:
+    return torch_worded(
+        f"The rendezvous configuration option '{key}' does not represent a valid integer value.",
+        f"config option {key!r} is {_config_value_text(value)}, which is not an integer; "
+        f"pass a whole number such as '3'",
+    )
+
+
+PARAMETER_FIELDS = ("backend", "endpoint", "run_id", "min_nodes", "max_nodes", "config")
+"""The attributes of torch's ``RendezvousParameters`` (and ours) that
+:func:`parameters_of` reads, besides the optional ``local_addr``."""
+
+
+def parameters_of(params: Any, config: Mapping[str, Any] | None = None) -> RendezvousParameters:
+    """``params`` as rdzv's :class:`RendezvousParameters`: itself, or a copy of torch's
+    ``RendezvousParameters`` (any object with :data:`PARAMETER_FIELDS`), checked as ours
+    are. ``config``, if given, replaces the config of the copy. A ``TypeError`` names what
+    is missing."""
+    if isinstance(params, RendezvousParameters) and config is None:
+        return params
+    missing = [name for name in PARAMETER_FIELDS if not hasattr(params, name)]
+    if missing:
+        raise TypeError(
+            f"expected RendezvousParameters (rdzv's or torch's), got {type(params).__name__} "
+            f"without {', '.join(missing)}; build them with rdzv.RendezvousParameters(backend, "
+            f"endpoint, run_id, min_nodes, max_nodes, **config)"
+        )
+    return RendezvousParameters(
+        params.backend,
+        params.endpoint,
+        params.run_id,
+        params.min_nodes,
+        params.max_nodes,
+        getattr(params, "local_addr", None),
+        **dict(params.config if config is None else config),
+    )
 
 
 @dataclass
@@ -299,8 +368,8 @@ class RendezvousStoreInfo:
         wait_get = getattr(store, "wait_get", None)
         if callable(wait_get):  # rdzv stores: the wait's own read returns the values
             addr_raw, port_raw = wait_get(keys, timeout)
-        else:
-            store.wait(keys, timeout)
+        else:  # torch's stores take wait(keys) or wait(keys, timeout), never None
+            store.wait(keys, *([] if timeout is None else [timeout]))
             addr_raw, port_raw = store.multi_get(keys)
         try:
             return RendezvousStoreInfo(addr_raw.decode("utf-8"), int(port_raw.decode("ascii")))
@@ -325,13 +394,14 @@ class RendezvousInfo:
 
     Built like torch's (store, rank, world_size, bootstrap_store_info); ``round`` (the
     round number), ``participants`` and ``wait_list`` (the round's members and the nodes
-    waiting for the next round, as torch's reference module fills them) are optional
-    keywords.
+    waiting for the next round, as torch's reference module fills them) and
+    ``rdzv_store`` (the round's namespace as an rdzv store, when ``store`` is a torch
+    store) are optional keywords.
     """
 
     def __init__(
         self,
-        store: Store,
+        store: Any,
         rank: int,
         world_size: int,
         bootstrap_store_info: RendezvousStoreInfo,
@@ -339,8 +409,10 @@ class RendezvousInfo:
         round: int | None = None,
         participants: Iterable[NodeId] | None = None,
         wait_list: Iterable[NodeId] | None = None,
+        rdzv_store: Store | None = None,
     ) -> None:
         self._store = store
+        self._rdzv_store: Store = store if rdzv_store is None else rdzv_store
         self._rank = rank
         self._world_size = world_size
         self._bootstrap_store_info = bootstrap_store_info
@@ -349,9 +421,22 @@ class RendezvousInfo:
         self._wait_list = _sorted_nodes(wait_list, "wait_list")
 
     @property
-    def store(self) -> Store:
-        """A store namespaced to this run and round."""
+    def store(self) -> Any:
+        """The round's store, namespaced to this run and round (``rdzv/<run_id>/<round>/``).
+
+        When rdzv works with torch (:data:`rdzv.errors.TORCH_ERRORS`) the handler makes
+        it a ``torch.distributed.PrefixStore`` over a store every member reaches (the
+        handler's store, or a ``torch.distributed.Store`` view of it), which
+        ``torch.distributed.init_process_group(store=...)`` takes; otherwise it is
+        :attr:`rdzv_store`."""
         return self._store
+
+    @property
+    def rdzv_store(self) -> Store:
+        """The same namespace as an rdzv store (:class:`rdzv.store.Store`: store timeouts
+        raise :class:`~rdzv.errors.StoreTimeoutError`, and ``wait_get`` and member sets
+        are there where the store has them), for code that does not use torch."""
+        return self._rdzv_store
 
     @property
     def rank(self) -> int:
@@ -476,12 +561,23 @@ def _as_timedelta(name: str, value: timedelta | float | None) -> timedelta:
     # A timedelta shorter than 1 ms is kept here, as torch keeps it; the handler refuses
     # it when it converts its settings to milliseconds. A number that short is refused
     # now, while its value is still known (a timedelta would drop what is below 1 us).
-    return as_duration(
-        value,
-        f"the {name} timeout",
-        fix=f", or None for the default ({default.total_seconds():g} s)",
-        resolution=not isinstance(value, timedelta),
-    )
+    try:
+        return as_duration(
+            value,
+            f"the {name} timeout",
+            fix=f", or None for the default ({default.total_seconds():g} s)",
+            resolution=not isinstance(value, timedelta),
+        )
+    except ValueError as exc:
+        if isinstance(value, timedelta):
+            positive = value > timedelta(0)
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            positive = not value <= 0  # NaN is neither: as_duration names it
+        else:
+            positive = True
+        if positive:
+            raise
+        raise torch_worded(f"The {name} timeout ({value}) must be positive.", str(exc)) from None
 
 
 class RendezvousTimeout:
@@ -526,6 +622,20 @@ class RendezvousTimeout:
             f"RendezvousTimeout(join={self._join!r}, last_call={self._last_call!r}, "
             f"close={self._close!r}, heartbeat={self._heartbeat!r})"
         )
+
+
+TIMEOUT_FIELDS = ("join", "last_call", "close", "heartbeat")
+
+
+def timeout_of(timeout: Any) -> Any:
+    """torch's ``RendezvousTimeout`` (any object whose :data:`TIMEOUT_FIELDS` are all
+    timedeltas) as ours; anything else unchanged (the handler checks it)."""
+    if timeout is None or isinstance(timeout, RendezvousTimeout):
+        return timeout
+    values = [getattr(timeout, name, None) for name in TIMEOUT_FIELDS]
+    if all(isinstance(value, timedelta) for value in values):
+        return RendezvousTimeout(*values)
+    return timeout
 
 
 @dataclass(repr=False, eq=False)

@@ -22,7 +22,7 @@ changed back in between.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -36,6 +36,23 @@ POLL_BACKOFF_START = 0.001
 """Seconds before the first re-read in the default :meth:`~RendezvousBackend.wait_for_change`."""
 POLL_BACKOFF_MAX = 0.05
 """Upper bound (seconds) on the delay between two re-reads of that default."""
+
+
+def poll_until(changed: Callable[[], bool], timeout: float) -> bool:
+    """Call ``changed()`` until it returns True (then True) or ``timeout`` seconds passed
+    (then False), sleeping from :data:`POLL_BACKOFF_START` to :data:`POLL_BACKOFF_MAX`
+    seconds between calls: the wait of a store or backend that cannot notify."""
+    clock = SystemClock()
+    end = clock.monotonic() + max(0.0, timeout)
+    delay = POLL_BACKOFF_START
+    while True:  # bounded: ends by ``end``, each pass sleeps at least ``delay``
+        if changed():
+            return True
+        remaining = end - clock.monotonic()
+        if remaining <= 0:
+            return False
+        clock.sleep(min(delay, remaining))
+        delay = min(delay * 2, POLL_BACKOFF_MAX)
 
 
 class RendezvousBackend(ABC):
@@ -106,29 +123,25 @@ class RendezvousBackend(ABC):
         """Block until the stored state's token is no longer ``token`` (True) or
         ``timeout`` seconds passed (False). Waking early is allowed only on a change.
 
-        This default polls :meth:`get_state` with a backoff from
-        :data:`POLL_BACKOFF_START` to :data:`POLL_BACKOFF_MAX` seconds; backends that can
+        This default polls :meth:`get_state` (:func:`poll_until`); backends that can
         watch the store override it.
         """
-        clock = SystemClock()
-        end = clock.monotonic() + max(0.0, timeout)
-        delay = POLL_BACKOFF_START
-        while True:  # bounded: ends by ``end``, each pass sleeps at least ``delay``
+
+        def changed() -> bool:
             current = self.get_state()
-            if (None if current is None else current[1]) != token:
-                return True
-            remaining = end - clock.monotonic()
-            if remaining <= 0:
-                return False
-            clock.sleep(min(delay, remaining))
-            delay = min(delay * 2, POLL_BACKOFF_MAX)
+            return (None if current is None else current[1]) != token
+
+        return poll_until(changed, timeout)
 
 
 class StoreRendezvousBackend(RendezvousBackend):
     """The state of run ``run_id`` under the key ``rdzv/<run_id>/state`` of ``store``.
 
     ``store`` may be any object with the :class:`~rdzv.store.Store` methods; this class
-    uses ``check``, ``get``, ``compare_set`` and ``wait_for_change``.
+    uses ``check``, ``get``, ``compare_set`` and ``wait_for_change``. A
+    ``torch.distributed.Store`` (``TCPStore``, ``FileStore``, ``HashStore``,
+    ``PrefixStore``) is served through :class:`rdzv.torch_compat.TorchStoreView`, which
+    polls for changes (torch's stores cannot notify).
     """
 
     def __init__(self, store: Store, run_id: str) -> None:
@@ -136,6 +149,9 @@ class StoreRendezvousBackend(RendezvousBackend):
             raise ValueError(
                 f"run_id must be a non-empty string, got {run_id!r}; pass the job's id"
             )
+        from rdzv.torch_compat import as_rdzv_store
+
+        store = as_rdzv_store(store)
         missing = [
             method
             for method in ("check", "get", "compare_set", "wait_for_change")

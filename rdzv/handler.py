@@ -51,6 +51,10 @@ from rdzv.api import (
     RendezvousTimeout,
     as_duration,
     check_local_addr,
+    check_node_bounds,
+    parameters_of,
+    timeout_of,
+    torch_worded,
 )
 from rdzv.backend import RendezvousBackend, StoreRendezvousBackend
 from rdzv.clock import Clock, SteadyWallClock, SystemClock, now_of, to_millis, to_seconds
@@ -61,9 +65,16 @@ from rdzv.errors import (
     RendezvousGracefulExitError,
     RendezvousStateError,
     RendezvousTimeoutError,
-    StoreTimeoutError,
 )
 from rdzv.store import PrefixStore, Store
+from rdzv.torch_compat import (
+    as_rdzv_backend,
+    as_rdzv_store,
+    is_torch_backend,
+    release_torch_store,
+    round_store,
+    store_timeouts,
+)
 from spec.codec import decode
 from spec.machine import (
     CORRUPT_ANNOUNCEMENTS,
@@ -100,6 +111,7 @@ from spec.variants import KEY_BEATS, LOCAL, Variant, get_variant
 from spec.vocabulary import FailKind, Op
 
 __all__ = [
+    "C10D_BACKEND_CONFIG_KEYS",
     "HANDLER_CONFIG_KEYS",
     "TORCHRUN_CONFIG_KEYS",
     "DynamicRendezvousHandler",
@@ -163,6 +175,10 @@ plug-in accepts these and :data:`TORCHRUN_CONFIG_KEYS`). ``timeout`` is what tor
 always puts into the config (900 s unless told otherwise): the join timeout, unless
 ``join_timeout`` is given too, which then wins (:func:`config_join_timeout`)."""
 TORCHRUN_CONFIG_KEYS: tuple[str, ...] = ("exit_when_redundant", "use_agent_store")
+C10D_BACKEND_CONFIG_KEYS: tuple[str, ...] = ("is_host", "read_timeout", "store_type")
+"""The config keys torch's ``c10d_rendezvous_backend.create_backend`` reads: accepted (and
+left to that backend) by :func:`create_handler` when the backend it is given is torch's,
+since torch users pass one set of parameters to both."""
 """The config keys only the torchrun plug-in (:mod:`rdzv.torch_plugin`) reads;
 :func:`create_handler` refuses them with a pointer there."""
 STORE_METHODS_USED = ("multi_get", "multi_set", "wait")
@@ -836,10 +852,22 @@ class DynamicRendezvousHandler(RendezvousHandler):
         long (seconds) a node reuses its last read; ``clock`` and ``rng`` default to the
         system clock and a fresh ``random.Random``.
 
+        torch's objects are taken as they are: a ``torch.distributed.Store`` as ``store``
+        (used through :class:`rdzv.torch_compat.TorchStoreView`; ``RendezvousInfo.store``
+        is then a ``torch.distributed.PrefixStore`` over it, as in torch), a torch
+        ``RendezvousBackend`` such as ``C10dRendezvousBackend`` as ``backend``
+        (:class:`rdzv.torch_compat.TorchBackend`) and torch's ``RendezvousTimeout``.
+
         Arguments of the wrong type raise ``TypeError`` naming the argument, what it got
-        and what it takes; bad values raise ``ValueError``.
+        and what it takes; bad values raise ``ValueError`` (with torch's message where
+        torch refuses the same value, and rdzv's explanation as its note).
         """
+        given_store = store
+        store = as_rdzv_store(store)
+        backend = as_rdzv_backend(backend)
+        timeout = timeout_of(timeout)
         _check_parts(store, backend, clock, rng)
+        check_node_bounds(min_nodes, max_nodes, "nodes")
         if local_addr is not None and not isinstance(local_addr, str):
             raise TypeError(
                 f"local_addr must be a string or None, got {_got(local_addr)}; pass this "
@@ -873,6 +901,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             ).total_seconds(),
             clock=clock if clock is not None else SystemClock(),
             rng=rng if rng is not None else random.Random(),
+            given_store=given_store,
         )
 
     def __init__(
@@ -887,11 +916,13 @@ class DynamicRendezvousHandler(RendezvousHandler):
         cache_duration: float,
         clock: Clock,
         rng: random.Random,
+        given_store: object = None,
     ) -> None:
         _check_parts(store, backend, clock, rng)
         if not isinstance(settings.run_id, str) or not settings.run_id:
-            raise ValueError(
-                f"run_id must be a non-empty string, got {settings.run_id!r}; pass the job's id"
+            raise torch_worded(
+                "The run id must be a non-empty string.",
+                f"run_id must be a non-empty string, got {settings.run_id!r}; pass the job's id",
             )
         if not isinstance(settings.timeout, RendezvousTimeout):
             raise ValueError(
@@ -904,6 +935,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._node = node
         self._backend_name = backend_name
         self._store = store
+        self._given_store = store if given_store is None else given_store
+        """The store as the caller passed it (a torch store, where ``_store`` is its view):
+        ``RendezvousInfo.store`` is made over it."""
         self._backend = backend
         self._variant = variant
         self._clock = clock
@@ -1006,7 +1040,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 leader = next((n for n, r in view.participants if r == 0), None)
                 if not self._start_heartbeats():
                     raise self._shut_down_error(f"was shut down while it joined round {round_}")
-                store = PrefixStore(f"rdzv/{self._settings.run_id}/{round_}", self._store)
+                prefix = f"rdzv/{self._settings.run_id}/{round_}"
+                store = PrefixStore(prefix, self._store)
                 try:
                     bootstrap = self._bootstrap(rank, store, deadline, round_, leader)
                 except BaseException:
@@ -1015,13 +1050,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 if bootstrap is not None:
                     self._joined = (round_, leader)
                     return RendezvousInfo(
-                        store,
+                        round_store(prefix, self._store, self._given_store),
                         rank,
                         view.num_participants,
                         bootstrap,
                         round=round_,
                         participants=view.participant_nodes(),
                         wait_list=view.wait_list,
+                        rdzv_store=store,
                     )
                 logger.warning(
                     "round %d of run %r ended before its rank 0 (%s) published the bootstrap "
@@ -1184,6 +1220,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     self._store_closer()  # closes the store (finalizers run once)
                 else:
                     _close_store(store)
+                release_torch_store(store)  # nothing can use its torch view any more
             finally:
                 self._control_lock.release()
         finally:
@@ -1314,12 +1351,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self, rank: int, store: Store, round_: int, wait: float
     ) -> RendezvousStoreInfo | None:
         """One attempt of the bootstrap exchange waiting ``wait`` real seconds; None if
-        rank 0's keys did not appear in that time."""
+        rank 0's keys did not appear in that time: the store's timeout means "not yet",
+        also a torch store's ``DistStoreError`` (:func:`rdzv.torch_compat.store_timeouts`),
+        as torch waits on it."""
         try:
             return RendezvousStoreInfo.build(
                 rank, store, self._node.addr, timeout=timedelta(seconds=wait)
             )
-        except (StoreTimeoutError, TimeoutError):
+        except store_timeouts():
             return None
         except RendezvousError:
             raise
@@ -1440,14 +1479,20 @@ def create_handler(
             f"(torch's form) or only the params, and the store is opened from params.endpoint"
         )
     if not isinstance(params, RendezvousParameters):
-        raise TypeError(
-            f"create_handler needs RendezvousParameters, got {type(params).__name__}; "
-            f"build them with rdzv.RendezvousParameters(backend, endpoint, run_id, min, max)"
-        )
+        if not all(hasattr(params, name) for name in ("run_id", "min_nodes", "config")):
+            raise TypeError(
+                f"create_handler needs RendezvousParameters, got {type(params).__name__}; "
+                f"build them with rdzv.RendezvousParameters(backend, endpoint, run_id, min, "
+                f"max)"
+            )
+        params = parameters_of(params)  # torch's: the same fields, checked as ours
     plugin_keys = [key for key in TORCHRUN_CONFIG_KEYS if key in params.config]
+    known = HANDLER_CONFIG_KEYS
+    if is_torch_backend(backend):  # torch's create_backend read these of the same params
+        known = (*HANDLER_CONFIG_KEYS, *C10D_BACKEND_CONFIG_KEYS)
     check_config_keys(
         params.config,
-        HANDLER_CONFIG_KEYS,
+        known,
         note=(
             f" ({', '.join(map(repr, plugin_keys))} only mean something under torchrun: "
             f"they are options of its plug-in, rdzv.torch_plugin)"

@@ -194,7 +194,7 @@ class PrefixStore:
         return self.underlying_store.compare_set(self._key(key), expected, desired)
 
     def wait(self, keys: Sequence[str], timeout: timedelta | None = None) -> None:
-        self.underlying_store.wait([self._key(k) for k in keys], timeout)
+        _wait(self.underlying_store, [self._key(k) for k in keys], timeout)
 
     def check(self, keys: Sequence[str]) -> bool:
         return self.underlying_store.check([self._key(k) for k in keys])
@@ -239,5 +239,14 @@ class PrefixStore:
         wait_get = getattr(self.underlying_store, "wait_get", None)
         if callable(wait_get):
             return list(wait_get(prefixed, timeout))
-        self.underlying_store.wait(prefixed, timeout)
+        _wait(self.underlying_store, prefixed, timeout)
         return self.underlying_store.multi_get(prefixed)
+
+
+def _wait(store: Store, keys: Sequence[str], timeout: timedelta | None) -> None:
+    """``store.wait(keys, timeout)``, leaving out a None timeout (torch's stores take
+    ``wait(keys)`` or ``wait(keys, timeout)``, never None)."""
+    if timeout is None:
+        store.wait(keys)
+    else:
+        store.wait(keys, timeout)

@@ -11,15 +11,18 @@ Contract with torch's agent (``torch/distributed/elastic/agent/server/api.py`` a
 ``local_elastic_agent.py`` of torch 2.13):
 
 - ``next_rendezvous()`` returns torch's ``RendezvousInfo``; its ``store`` is the round's
-  namespace of our store (fresh per round) as a ``torch.distributed.Store``
-  (:func:`torch_store`: ``set``, ``get``, ``add``, ``wait``, ``multi_get``,
-  ``multi_set``, ``compare_set``, ``check``, ``set_timeout`` and ``timeout``; a store
-  timeout raises torch's ``DistStoreError``); its ``bootstrap_store_info`` is torch's
+  namespace of our store (fresh per round) as a ``torch.distributed.Store``: the
+  handler's own ``RendezvousInfo.store`` (:func:`rdzv.torch_compat.round_store`), or,
+  with ``RDZV_TORCH=0``, :func:`rdzv.torch_compat.torch_store` of the round's rdzv store
+  (``set``, ``get``, ``add``, ``wait``, ``multi_get``, ``multi_set``, ``compare_set``,
+  ``check``, ``set_timeout`` and ``timeout``; a store timeout raises torch's
+  ``DistStoreError``); its ``bootstrap_store_info`` is torch's
   ``RendezvousStoreInfo``, published by the round's rank 0, the same for every member;
 - with ``use_agent_store`` (the default, as in torch), rank 0's *agent* hosts a torch
   ``TCPStore`` server, a fresh one per round, kept until its next ``next_rendezvous`` or
   ``shutdown`` (so it outlives the round's workers, which connect to it as clients);
-- every error of ours leaves the adapter as torch's error of the same name. One
+- every error of ours leaves the adapter as torch's error of the same name (rdzv's
+  errors are torch's already whenever rdzv works with torch). One
   exception: a redundant node's graceful exit raises :class:`RedundantNodeExit`, a
   ``SystemExit(0)``, because torch 2.13's launcher turns torch's own graceful-exit error
   into exit status 1 (``exit_when_redundant=false`` raises torch's error instead).
@@ -40,12 +43,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
 
-from rdzv.api import RendezvousInfo, RendezvousParameters, RendezvousStoreInfo
+from rdzv.api import RendezvousInfo, RendezvousParameters, RendezvousStoreInfo, parameters_of
 from rdzv.errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -53,7 +56,6 @@ from rdzv.errors import (
     RendezvousGracefulExitError,
     RendezvousStateError,
     RendezvousTimeoutError,
-    StoreTimeoutError,
 )
 from rdzv.handler import (
     HANDLER_CONFIG_KEYS,
@@ -65,6 +67,7 @@ from rdzv.handler import (
     create_handler,
 )
 from rdzv.store import PrefixStore, Store
+from rdzv.torch_compat import TorchStore, is_torch_store, store_timeouts, torch_store
 
 __all__ = [
     "BACKEND_NAME",
@@ -166,15 +169,7 @@ def rdzv_parameters(params: Any) -> tuple[RendezvousParameters, PluginOptions]:
             f"{endpoint!r}; pass e.g. --rdzv-endpoint=sqlite:///tmp/job.db "
             f"(or redis://host:6379/0, etcd://host:2379)"
         )
-    ours = RendezvousParameters(
-        params.backend,
-        endpoint,
-        params.run_id,
-        params.min_nodes,
-        params.max_nodes,
-        getattr(params, "local_addr", None),
-        **config,
-    )
+    ours = parameters_of(params, config)
     # The plug-in's own keys are read (so bad values get the usual clear errors) and
     # taken out: the handler does not know them. torchrun's ``timeout`` stays: the
     # handler reads it as the join timeout unless ``join_timeout`` is given.
@@ -204,121 +199,19 @@ _ERROR_NAMES: tuple[tuple[type[RendezvousError], str], ...] = (
 
 
 def torch_error(error: RendezvousError) -> Exception:
-    """torch's error of the same name as ``error``, with the same message and
-    ``error`` as its cause."""
+    """``error`` as torch's error of the same name: ``error`` itself when it is one
+    already (rdzv's errors derive from torch's whenever rdzv works with torch, see
+    :mod:`rdzv.errors`), else torch's class with the same message and ``error`` as its
+    cause (``RDZV_TORCH=0`` under torchrun)."""
     from torch.distributed.elastic.rendezvous import api as torch_api
 
     name = next(name for ours, name in _ERROR_NAMES if isinstance(error, ours))
-    translated: Exception = getattr(torch_api, name)(str(error))
-    translated.__cause__ = error
-    return translated
-
-
-def _store_error(error: Exception) -> Exception:
-    """torch's store errors for ours: a store timeout is a ``DistStoreError``."""
-    import torch.distributed as dist
-
-    if isinstance(error, StoreTimeoutError):
-        translated: Exception = dist.DistStoreError(str(error))
-    elif isinstance(error, RendezvousConnectionError):
-        translated = dist.DistNetworkError(str(error))
-    else:
+    torch_class: type[Exception] = getattr(torch_api, name, torch_api.RendezvousError)
+    if isinstance(error, torch_class):
         return error
+    translated: Exception = torch_class(str(error))
     translated.__cause__ = error
     return translated
-
-
-# -- the store the agent uses ----------------------------------------------------------------
-
-
-class TorchStore:
-    """One of our stores with the methods and errors of ``torch.distributed.Store``
-    that torch's elastic agent uses.
-
-    A store timeout raises ``torch.distributed.DistStoreError`` (what torch's store
-    utilities catch), an unreachable store ``torch.distributed.DistNetworkError``.
-    """
-
-    def __init__(self, store: Store) -> None:
-        super().__init__()  # torch's Store, when this is mixed into it
-        self._store = store
-
-    @property
-    def underlying_store(self) -> Store:
-        return self._store
-
-    def _call(self, method: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return method(*args)
-        except (StoreTimeoutError, RendezvousConnectionError) as exc:
-            raise _store_error(exc) from exc
-
-    @property
-    def timeout(self) -> timedelta:
-        return self._store.timeout
-
-    def set_timeout(self, timeout: timedelta) -> None:
-        self._store.set_timeout(timeout)
-
-    def set(self, key: str, value: bytes | str) -> None:
-        self._call(self._store.set, key, value)
-
-    def get(self, key: str) -> bytes:
-        value: bytes = self._call(self._store.get, key)
-        return value
-
-    def add(self, key: str, amount: int) -> int:
-        value: int = self._call(self._store.add, key, amount)
-        return value
-
-    def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
-        value: bytes = self._call(self._store.compare_set, key, expected, desired)
-        return value
-
-    def wait(self, keys: Sequence[str], timeout: timedelta | None = None) -> None:
-        self._call(self._store.wait, list(keys), timeout)
-
-    def check(self, keys: Sequence[str]) -> bool:
-        found: bool = self._call(self._store.check, list(keys))
-        return found
-
-    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
-        values: list[bytes] = self._call(self._store.multi_get, list(keys))
-        return values
-
-    def multi_set(self, keys: Sequence[str], values: Sequence[bytes | str]) -> None:
-        self._call(self._store.multi_set, list(keys), list(values))
-
-    def delete_key(self, key: str) -> bool:
-        deleted: bool = self._call(self._store.delete_key, key)
-        return deleted
-
-    def num_keys(self) -> int:
-        count: int = self._call(self._store.num_keys)
-        return count
-
-
-@functools.cache
-def _torch_store_class() -> type[TorchStore]:
-    """:class:`TorchStore` that is also a ``torch.distributed.Store``."""
-    from torch._C._distributed_c10d import Store as TorchBaseStore
-
-    class TorchrunStore(TorchStore, TorchBaseStore):
-        """An rdzv store as a ``torch.distributed.Store`` (made by the torchrun plug-in)."""
-
-    TorchrunStore.__module__ = __name__
-    return TorchrunStore
-
-
-def torch_store(store: Store) -> TorchStore:
-    """``store`` as a ``torch.distributed.Store`` (an instance of :class:`TorchStore`).
-
-    torch's Python code calls its methods directly. torch's C++ wrappers (e.g.
-    ``torch.distributed.PrefixStore`` around it) reach ``set``, ``get``, ``add``,
-    ``compare_set``, ``check``, ``wait``, ``multi_get`` and ``multi_set``; torch does not
-    forward ``delete_key`` and ``num_keys`` of Python stores.
-    """
-    return _torch_store_class()(store)
 
 
 # -- the handler -----------------------------------------------------------------------------
@@ -368,8 +261,11 @@ class TorchrunHandler:
             raise RedundantNodeExit(str(exc)) from exc
         except RendezvousError as exc:
             raise torch_error(exc) from exc
+        # info.store is a torch Store whenever rdzv works with torch; else make one (the
+        # agent keeps it for the round, and with it its Python half).
+        store = info.store if is_torch_store(info.store) else torch_store(info.rdzv_store)
         return torch_api.RendezvousInfo(
-            cast(Any, torch_store(info.store)),  # torch's Store, made at run time
+            cast(Any, store),
             info.rank,
             info.world_size,
             torch_api.RendezvousStoreInfo(addr, port),
@@ -423,7 +319,7 @@ class TorchrunHandler:
             if not self._options.use_agent_store:
                 return info, addr, info.bootstrap_store_info.master_port
             try:
-                port = self._share_agent_store(info.rank, info.store, addr, deadline)
+                port = self._share_agent_store(info.rank, info.rdzv_store, addr, deadline)
             except BaseException:
                 # This node will not work in the round: stop its heartbeats so that the
                 # other members find it gone rather than wait for it.
@@ -468,7 +364,7 @@ class TorchrunHandler:
                     return RendezvousStoreInfo.build(
                         rank, shared, addr, timeout=timedelta(seconds=seconds)
                     )
-                except StoreTimeoutError:
+                except store_timeouts():
                     return None
 
             info = self._handler.wait_for_rank_0(attempt, deadline, "its agent store")

@@ -156,10 +156,14 @@ def test_round_store_is_namespaced_per_run_and_round(tmp_path: Path) -> None:
     with shut(make_handlers(sqlite_url(tmp_path), 2, 2, 2)) as handlers:
         infos: list[RendezvousInfo] = run_all([h.next_rendezvous for h in handlers])
         a, b = infos
-        assert isinstance(a.store, PrefixStore)
-        assert a.store.prefix == "rdzv/job/0"
+        assert isinstance(a.rdzv_store, PrefixStore)
+        assert a.rdzv_store.prefix == "rdzv/job/0"
+        # info.store (torch's PrefixStore when torch is there) and info.rdzv_store name
+        # the same keys.
         a.store.set("greeting", b"hello")
-        assert b.store.get("greeting") == b"hello"
+        assert b.rdzv_store.get("greeting") == b"hello"
+        b.rdzv_store.set("reply", b"hi")
+        assert a.store.get("reply") == b"hi"
         with opened_store(sqlite_url(tmp_path)) as raw:
             assert raw.get("rdzv/job/0/greeting") == b"hello"
 

@@ -636,7 +636,7 @@ def _publish_agent_store(info: RendezvousInfo, port: int) -> None:
     from rdzv.store import PrefixStore
     from rdzv.torch_plugin import AGENT_STORE_NAMESPACE
 
-    shared = PrefixStore(AGENT_STORE_NAMESPACE, info.store)
+    shared = PrefixStore(AGENT_STORE_NAMESPACE, info.rdzv_store)
     RendezvousStoreInfo.build(0, shared, info.bootstrap_store_info.master_addr, port)
 
 
@@ -658,7 +658,7 @@ def test_the_agent_store_wait_returns_the_port_rank_0_published() -> None:
         plugin = TorchrunHandler(member)
         addr = info.bootstrap_store_info.master_addr
         deadline = member.clock.monotonic() + JOIN_TIMEOUT
-        assert plugin._share_agent_store(1, info.store, addr, deadline) == 29400
+        assert plugin._share_agent_store(1, info.rdzv_store, addr, deadline) == 29400
 
 
 def test_the_agent_store_wait_uses_what_is_left_of_the_join_deadline() -> None:
@@ -676,7 +676,7 @@ def test_the_agent_store_wait_uses_what_is_left_of_the_join_deadline() -> None:
             store.waits = 0
             deadline = clock.monotonic() + left
             with pytest.raises(RendezvousTimeoutError, match="did not publish its agent store"):
-                plugin._share_agent_store(1, info.store, addr, deadline)
+                plugin._share_agent_store(1, info.rdzv_store, addr, deadline)
             assert store.waits == rdzv.handler.max_slices(clock, budget)
 
 
@@ -692,7 +692,7 @@ def test_the_agent_store_wait_ends_when_the_round_ends() -> None:
         plugin = TorchrunHandler(member)
         addr = info.bootstrap_store_info.master_addr
         deadline = member.clock.monotonic() + JOIN_TIMEOUT
-        assert plugin._share_agent_store(1, info.store, addr, deadline) is None
+        assert plugin._share_agent_store(1, info.rdzv_store, addr, deadline) is None
 
 
 def test_torchrun_joins_the_next_round_when_rank_0_dies_before_its_agent_store(

@@ -117,7 +117,7 @@ def test_the_state_records_every_member_with_its_rank() -> None:
 
 
 def _check_the_members(store: Store, infos: list[RendezvousInfo]) -> None:
-    prefixes = {i.store.prefix for i in infos}  # type: ignore[attr-defined]
+    prefixes = {i.rdzv_store.prefix for i in infos}  # type: ignore[attr-defined]
     assert len(prefixes) == 1  # rdzv/<run>/<round>
     _, run, round_ = prefixes.pop().split("/")
     state = decode(store.get(f"rdzv/{run}/state"))

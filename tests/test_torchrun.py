@@ -139,17 +139,21 @@ def test_torch_registry_builds_a_torch_handler_named_rdzv(memory_url: str) -> No
         handler.shutdown()
 
 
-def test_importing_the_plugin_does_not_import_torch() -> None:
+def test_importing_the_plugin_imports_torch_only_when_rdzv_works_with_torch() -> None:
+    # torch is installed here: rdzv works with it unless RDZV_TORCH=0 (see rdzv._torch);
+    # tests/test_torch_compat.py covers a Python without torch.
     code = "import sys, rdzv, rdzv.torch_plugin; print('torch' in sys.modules)"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    assert out.stdout.strip() == "False"
+    for setting, imported in (("", "True"), ("0", "False")):
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+            env={**os.environ, "RDZV_TORCH": setting},
+        )
+        assert out.stdout.strip() == imported, (setting, out.stderr[-2000:])
 
 
 # -- parameters ------------------------------------------------------------------------------
@@ -218,7 +222,8 @@ def test_torchs_switch_turns_the_agent_store_off(monkeypatch: pytest.MonkeyPatch
 def test_bad_conf_values_are_clear_errors(conf: dict[str, str], expected: str) -> None:
     with pytest.raises(ValueError) as raised:
         create_torchrun_handler(_torch_params("memory://bad-conf", "job", 1, 2, **conf))
-    assert expected in str(raised.value)
+    # Where torch refuses the same value, the message is torch's and ours is the note.
+    assert expected in "\n".join([str(raised.value), *getattr(raised.value, "__notes__", [])])
     drop_memory_store("bad-conf")
 
 
@@ -250,10 +255,10 @@ def test_an_empty_endpoint_names_the_store_urls() -> None:
     ],
 )
 def test_our_errors_leave_as_torchs_of_the_same_name(error: RendezvousError, name: str) -> None:
+    # rdzv's errors are torch's already (torch is installed): they leave unchanged.
     translated = torch_error(error)
-    assert type(translated) is getattr(torch_api, name)
-    assert str(translated) == str(error)
-    assert translated.__cause__ is error
+    assert isinstance(translated, getattr(torch_api, name))
+    assert translated is error
 
 
 def test_store_timeouts_are_torchs_dist_store_error() -> None:
@@ -337,7 +342,6 @@ def test_every_member_gets_rank_0s_agent_store_fresh_each_round(memory_url: str)
             for info in infos:
                 assert isinstance(info, torch_api.RendezvousInfo), info
                 assert isinstance(info.bootstrap_store_info, torch_api.RendezvousStoreInfo)
-                assert isinstance(info.store, TorchStore)
                 assert isinstance(info.store, TorchBaseStore)
             assert sorted(info.rank for info in infos) == [0, 1]
             assert {info.world_size for info in infos} == {2}
@@ -480,7 +484,7 @@ def test_a_redundant_node_exits_when_the_job_closes(
             assert isinstance(error, RedundantNodeExit) and error.code == 0
             assert "redundant" in str(error)
         else:
-            assert type(error) is torch_api.RendezvousGracefulExitError
+            assert isinstance(error, torch_api.RendezvousGracefulExitError)
 
 
 def test_a_closed_rendezvous_raises_torchs_closed_error(memory_url: str) -> None:
