@@ -17,10 +17,11 @@ both directions, and imports torch only where torch is loaded already:
 
 "Not yet" versus "failed". When keys do not appear in time, torch's ``TCPStore`` and
 ``HashStore`` raise ``DistStoreError`` and ``FileStore`` a plain ``RuntimeError``. The
-view's rule, for every torch store: a ``get`` or ``wait`` that failed, after which the
-store still answers ``check`` and the keys are still missing, timed out
-(:class:`~rdzv.errors.StoreTimeoutError`, which the handler's waits treat as "not yet");
-any other failure is a :class:`~rdzv.errors.RendezvousConnectionError`.
+view's rule, for every torch store: a ``get`` or ``wait`` that failed while the store
+still answers ``check`` timed out (:class:`~rdzv.errors.StoreTimeoutError`, which the
+handler's waits treat as "not yet": the caller looks again, and finds the keys if they
+appeared just after the wait gave up); a failure after which ``check`` fails too, and a
+failure of any other call, is a :class:`~rdzv.errors.RendezvousConnectionError`.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class TorchStoreView:
 
     def _failed(self, exc: BaseException, keys: Sequence[str] | None) -> Exception:
         name = type(self._store).__name__
-        if keys is not None and self._missing(keys):
+        if keys is not None and self._answers(keys):
             return StoreTimeoutError(
                 f"the key(s) {list(keys)} did not appear in the torch {name} in time "
                 f"({type(exc).__name__}: {exc})"
@@ -131,12 +132,13 @@ class TorchStoreView:
             f"is running and reachable"
         )
 
-    def _missing(self, keys: Sequence[str]) -> bool:
-        """Whether the store answers and at least one of ``keys`` is not there."""
+    def _answers(self, keys: Sequence[str]) -> bool:
+        """Whether the store still answers (a ``check`` of ``keys`` works)."""
         try:
-            return not self._store.check(list(keys))
+            self._store.check(list(keys))
         except _STORE_FAILURES:
             return False
+        return True
 
     def _call(self, method: str, *args: Any, waits_for: Sequence[str] | None = None) -> Any:
         try:

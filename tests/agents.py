@@ -8,7 +8,10 @@ with a rendezvous handler (``torch/distributed/elastic/agent/server/api.py``):
   monitor interval, 0.1 s under torchrun) and re-rendezvouses as soon as the count is
   above 0;
 - when its workers fail it re-rendezvouses at once (here: on the controller's command);
-- optionally it polls ``is_closed()`` too and ends once the rendezvous is closed.
+- optionally it polls ``is_closed()`` too and ends once the rendezvous is closed;
+- optionally (``gloo``) its "workers" are real: after each return it runs
+  ``torch.distributed.init_process_group(backend="gloo", store=info.store, ...)`` and
+  all-reduces a tensor holding ``rank + 1``, as a torch user of the plain handler would.
 
 Every agent writes what it does as JSON lines into its own log (a line is written whole
 and flushed, so the controller never reads half an event). The controller
@@ -74,6 +77,17 @@ class AgentConfig:
     torch_store: str = ""
     """If set, ``host:port`` of a torch ``TCPStore`` server to use as the handler's store
     (the rendezvous state stays in ``url``); needs torch."""
+    torch_store_timeout_s: float = 1.0
+    """The timeout of that ``TCPStore`` client (its waits raise ``DistStoreError`` after it)."""
+    publish_delay_s: float = 0.0
+    """With ``torch_store``: a node that is rank 0 publishes its bootstrap info this many
+    seconds late (its store's ``multi_set`` of the bootstrap keys sleeps first)."""
+    torch_backend: bool = False
+    """With ``torch_store``: keep the rendezvous state in that TCPStore too, through torch's
+    ``C10dRendezvousBackend``, and pass torch's ``RendezvousParameters`` (the setup of a
+    torch user who changed only the import of ``create_handler``); ``url`` is unused."""
+    gloo: bool = False
+    """After each return, form a gloo process group over ``info.store`` and all-reduce."""
 
 
 # -- the agent (runs in its own process) ---------------------------------------------------
@@ -111,13 +125,56 @@ def _make_handler(cfg: AgentConfig) -> Any:
     import torch.distributed as dist
 
     from rdzv import StoreRendezvousBackend, open_store
+    from rdzv.api import RendezvousStoreInfo
+
+    class LatePublisher(dist.TCPStore):  # type: ignore[misc, name-defined]
+        """A real TCPStore client whose bootstrap publication is ``publish_delay_s`` late
+        (the keys rank 0 writes once the round completed)."""
+
+        def multi_set(self, keys: list[str], values: list[bytes]) -> None:
+            if any(k.endswith(RendezvousStoreInfo.TCP_STORE_ADDR_KEY) for k in keys):
+                time.sleep(cfg.publish_delay_s)
+            super().multi_set(keys, values)
 
     host, port = cfg.torch_store.rsplit(":", 1)
-    store = dist.TCPStore(  # type: ignore[attr-defined]
-        host, int(port), is_master=False, timeout=timedelta(seconds=1)
+    store = LatePublisher(
+        host, int(port), is_master=False, timeout=timedelta(seconds=cfg.torch_store_timeout_s)
     )
+    if cfg.torch_backend:
+        from torch.distributed.elastic.rendezvous import RendezvousParameters as TorchParameters
+        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
+            C10dRendezvousBackend,
+        )
+
+        torch_params = TorchParameters(
+            "c10d", cfg.torch_store, cfg.run_id, cfg.min_nodes, cfg.max_nodes, **cfg.handler_config
+        )
+        return create_handler(store, C10dRendezvousBackend(store, cfg.run_id), torch_params)
     state_store = open_store(cfg.url)
     return create_handler(store, StoreRendezvousBackend(state_store, cfg.run_id), params)
+
+
+def _all_reduce(info: Any, log: _Log) -> None:
+    """What a torch user does with the plain handler's answer: a gloo process group over
+    ``info.store``, one all-reduce of ``rank + 1`` (the sum is W(W+1)/2), then tear-down."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        backend="gloo",
+        store=info.store,
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=timedelta(seconds=EVENT_WAIT_S),
+    )
+    try:
+        tensor = torch.tensor([float(info.rank + 1)])
+        dist.all_reduce(tensor)
+        log("allreduce", round=info.round, rank=info.rank, sum=tensor.item())
+    finally:
+        dist.destroy_process_group()
 
 
 def agent_main(cfg: AgentConfig) -> int:
@@ -167,6 +224,8 @@ def agent_main(cfg: AgentConfig) -> int:
                 master=f"{info.bootstrap_store_info.master_addr}:"
                 f"{info.bootstrap_store_info.master_port}",
             )
+            if cfg.gloo:
+                _all_reduce(info, log)
             why = _run_workers(cfg, handler, log, commands, polling)
             if why == "poll-off":
                 polling = False

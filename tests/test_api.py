@@ -431,7 +431,7 @@ class _Wrapped:
 def test_backend_works_on_any_duck_typed_store() -> None:
     store = _Wrapped()
     backend = StoreRendezvousBackend(store, "job")  # type: ignore[arg-type]
-    handler = DynamicRendezvousHandler.from_backend("job", store, backend, 1, 1)  # type: ignore[arg-type]
+    handler = DynamicRendezvousHandler.from_backend("job", store, backend, 1, 1)
     with stopped(handler):
         assert handler.next_rendezvous().world_size == 1
         assert store.calls > 0

@@ -242,14 +242,14 @@ def test_strings_for_store_and_backend_are_type_errors() -> None:
     with pytest.raises(
         TypeError, match=r"backend must be an rdzv.RendezvousBackend, got str 'rdzv'; pass e.g."
     ):
-        DynamicRendezvousHandler.from_backend("r", store, "rdzv", 1, 1)  # type: ignore[arg-type]
+        DynamicRendezvousHandler.from_backend("r", store, "rdzv", 1, 1)
 
 
 def test_no_store_is_refused_before_any_round_is_joined() -> None:
     state_store = MemoryStore()
     backend = StoreRendezvousBackend(state_store, "r")
     with pytest.raises(TypeError, match=r"got None, which lacks multi_get, multi_set, wait"):
-        DynamicRendezvousHandler.from_backend("r", None, backend, 1, 1)  # type: ignore[arg-type]
+        DynamicRendezvousHandler.from_backend("r", None, backend, 1, 1)
     assert not state_store.check(["rdzv/r/state"])
 
 
