@@ -178,9 +178,15 @@ class TorchStoreView:
 
     def multi_get(self, keys: Sequence[str]) -> list[bytes]:
         listed = list(keys)
+        if not hasattr(self._store, "multi_get"):  # an older torch: one get per key
+            return [self.get(key) for key in listed]
         return [bytes(v) for v in self._call("multi_get", listed, waits_for=listed)]
 
     def multi_set(self, keys: Sequence[str], values: Sequence[bytes | str]) -> None:
+        if not hasattr(self._store, "multi_set"):  # an older torch: one set per key
+            for key, value in zip(keys, values, strict=True):
+                self.set(key, value)
+            return
         self._call("multi_set", list(keys), [as_bytes(v) for v in values])
 
     def delete_key(self, key: str) -> bool:

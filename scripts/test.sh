@@ -27,6 +27,9 @@ for svc in redis-server etcd; do
     if command -v systemctl >/dev/null 2>&1; then systemctl stop "$svc" >/dev/null 2>&1 || true; fi
 done
 
+# torch first, pinned to the CPU build the tests run on: the extra's range alone would let
+# pip pick the newest release it allows, a CUDA build of several GB.
+python3 -m pip install --quiet --disable-pip-version-check 'torch==2.13.0'
 python3 -m pip install --quiet --disable-pip-version-check -e '.[test,torch,redis,etcd,bench]'
 
 # pytest's exit status 5 ("no tests collected") fails this script like any other failure.
