@@ -49,6 +49,26 @@ LOG_POLL_S = 0.05
 
 REPO = Path(__file__).resolve().parent.parent
 
+NO_TORCH = {"RDZV_TORCH": "0"}
+"""The environment of a test process that never meets torch code: rdzv then does not
+import torch (about 2-4 s and 200 MB a process on this machine; see rdzv._torch)."""
+
+
+@contextmanager
+def spawn_without_torch() -> Iterator[None]:
+    """Processes started (``multiprocessing`` spawn) inside this block inherit
+    :data:`NO_TORCH`; the test process's own environment is restored after it."""
+    saved = {key: os.environ.get(key) for key in NO_TORCH}
+    os.environ.update(NO_TORCH)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -315,6 +335,8 @@ class Agents:
             **options,
         )
         env = dict(os.environ)
+        if not (cfg.torch_store or cfg.gloo):  # an agent that never meets torch code
+            env.update(NO_TORCH)
         env["PYTHONPATH"] = os.pathsep.join(
             [str(REPO), str(REPO / "tests"), env.get("PYTHONPATH", "")]
         )

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agents import spawn_without_torch
 from servers import EtcdServer, RedisServer, TcpProxy
 from test_handler_processes import (
     PROCESS_JOIN,
@@ -90,7 +91,8 @@ class StoreCluster:
             config = json.dumps(self.config)
             args = (self.url, i, str(self.work), self.lo, self.hi, config, first, self.poll_waiting)
             proc = ctx.Process(target=_worker, args=args, daemon=True)
-            proc.start()
+            with spawn_without_torch():  # the workers never meet torch code
+                proc.start()
             self.procs[i] = proc  # before the next one starts: stop() sees every one
         for i in indices:
             assert _wait_for_file(self.work / f"ready-{i}", PROCESS_JOIN), f"worker {i} hung"

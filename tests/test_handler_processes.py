@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from agents import spawn_without_torch
 
 if TYPE_CHECKING:
     from rdzv import DynamicRendezvousHandler
@@ -134,7 +135,8 @@ class Cluster:
 
     def start(self) -> None:
         for p in self.procs:  # if one fails to start, stop() skips it and the rest
-            p.start()
+            with spawn_without_torch():  # the workers never meet torch code
+                p.start()
         for i in range(len(self.procs)):
             assert _wait_for_file(self.work / f"ready-{i}", PROCESS_JOIN), f"worker {i} hung"
 
