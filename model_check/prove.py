@@ -530,6 +530,19 @@ def s_mark_complete(w: World, s: SymState, me: Z, st: SymSettings, wall: Z) -> S
     return s.evolve(complete=w.z3.BoolVal(True), has_deadline=w.z3.BoolVal(False), ranks=ranks)
 
 
+def s_mark_complete_clearing_wait_list(
+    w: World, s: SymState, me: Z, st: SymSettings, wall: Z
+) -> SymState:
+    """``spec.effects.mark_complete_clearing_wait_list``: complete, and drop the waiting
+    nodes with their heartbeats."""
+    z3 = w.z3
+    done = s_mark_complete(w, s, me, st, wall)
+    return done.evolve(
+        waiting=w.set_of(lambda x: z3.BoolVal(False)),
+        beating=w.set_of(lambda x: z3.And(done.beating[x], z3.Not(done.waiting[x]))),
+    )
+
+
 def _add(w: World, members: Z, n: Z, me: Z) -> tuple[Z, Z]:
     return w.z3.Store(members, me, True), w.z3.If(members[me], n, n + 1)
 
@@ -539,6 +552,19 @@ def _remove(w: World, members: Z, n: Z, me: Z) -> tuple[Z, Z]:
 
 
 def s_add_to_participants(w: World, s: SymState, me: Z, st: SymSettings, wall: Z) -> SymState:
+    return _s_admit(w, s, me, st, wall, s_mark_complete)
+
+
+def s_add_to_participants_clearing_wait_list(
+    w: World, s: SymState, me: Z, st: SymSettings, wall: Z
+) -> SymState:
+    return _s_admit(w, s, me, st, wall, s_mark_complete_clearing_wait_list)
+
+
+def _s_admit(
+    w: World, s: SymState, me: Z, st: SymSettings, wall: Z, complete: SymEffect
+) -> SymState:
+    """``spec.effects._admit`` with the completion ``complete``."""
     z3 = w.z3
     members, n = _add(w, s.participants, s.n_participants, me)
     new = s.evolve(
@@ -553,9 +579,7 @@ def s_add_to_participants(w: World, s: SymState, me: Z, st: SymSettings, wall: Z
         has_deadline=z3.If(at_min, True, new.has_deadline),
         deadline=z3.If(at_min, wall + st.last_call_timeout, new.deadline),
     )
-    return ite_state(
-        w, new.n_participants == st.max_nodes, s_mark_complete(w, new, me, st, wall), new
-    )
+    return ite_state(w, new.n_participants == st.max_nodes, complete(w, new, me, st, wall), new)
 
 
 def s_add_to_wait_list(w: World, s: SymState, me: Z, st: SymSettings, wall: Z) -> SymState:
@@ -581,6 +605,27 @@ def s_remove_from_participants(w: World, s: SymState, me: Z, st: SymSettings, wa
     return s_epilogue(w, new, st)
 
 
+def s_end_round(w: World, s: SymState) -> SymState:
+    """``spec.effects.end_round``: the next round opens with the survivors waiting."""
+    z3 = w.z3
+    return s.evolve(
+        round=s.round + 1,
+        complete=z3.BoolVal(False),
+        has_deadline=z3.BoolVal(False),
+        participants=w.set_of(lambda x: z3.BoolVal(False)),
+        n_participants=z3.IntVal(0),
+        waiting=w.set_of(lambda x: z3.Or(s.waiting[x], s.participants[x])),
+    )
+
+
+def s_leave_ending_round(w: World, s: SymState, me: Z, st: SymSettings, wall: Z) -> SymState:
+    """``spec.effects.leave_ending_round``: leave; a complete round left with members ends."""
+    z3 = w.z3
+    new = s_remove_from_participants(w, s, me, st, wall)
+    ends = z3.And(s.complete, s.participants[me], new.complete)
+    return ite_state(w, ends, s_end_round(w, new), new)
+
+
 def s_remove_from_wait_list(w: World, s: SymState, me: Z, st: SymSettings, wall: Z) -> SymState:
     return _forget_heartbeat(w, s.evolve(waiting=w.z3.Store(s.waiting, me, False)), me)
 
@@ -603,6 +648,25 @@ def s_fold_announced(
 ) -> SymState:
     """``spec.effects.fold_announced``: admit the announced nodes that are neither
     participants nor redundant, in sorted order, while there is room below max."""
+    return _s_fold(w, s, me, announced, st, wall, s_mark_complete)
+
+
+def s_fold_announced_clearing_wait_list(
+    w: World, s: SymState, me: Z, announced: Z, st: SymSettings, wall: Z
+) -> SymState:
+    """``spec.effects.fold_announced_clearing_wait_list``."""
+    return _s_fold(w, s, me, announced, st, wall, s_mark_complete_clearing_wait_list)
+
+
+def _s_fold(
+    w: World,
+    s: SymState,
+    me: Z,
+    announced: Z,
+    st: SymSettings,
+    wall: Z,
+    complete: SymEffect,
+) -> SymState:
     z3 = w.z3
     candidates = w.set_of(
         lambda x: z3.And(announced[x], z3.Not(s.participants[x]), z3.Not(s.redundant[x]))
@@ -625,7 +689,7 @@ def s_fold_announced(
         has_deadline=z3.If(crossed, True, s.has_deadline),
         deadline=z3.If(crossed, wall + st.last_call_timeout, s.deadline),
     )
-    full = ite_state(w, n == st.max_nodes, s_mark_complete(w, new, me, st, wall), new)
+    full = ite_state(w, n == st.max_nodes, complete(w, new, me, st, wall), new)
     return ite_state(w, z3.Or(s.complete, k == 0), s, full)
 
 
@@ -633,14 +697,33 @@ def s_fold_and_complete(
     w: World, s: SymState, me: Z, announced: Z, st: SymSettings, wall: Z
 ) -> SymState:
     """``spec.effects.fold_and_complete``: fold, then complete a viable open round."""
+    return _s_fold_then_complete(w, s, me, announced, st, wall, s_mark_complete)
+
+
+def s_fold_and_complete_clearing_wait_list(
+    w: World, s: SymState, me: Z, announced: Z, st: SymSettings, wall: Z
+) -> SymState:
+    """``spec.effects.fold_and_complete_clearing_wait_list``."""
+    return _s_fold_then_complete(w, s, me, announced, st, wall, s_mark_complete_clearing_wait_list)
+
+
+def _s_fold_then_complete(
+    w: World,
+    s: SymState,
+    me: Z,
+    announced: Z,
+    st: SymSettings,
+    wall: Z,
+    complete: SymEffect,
+) -> SymState:
     z3 = w.z3
-    new = s_fold_announced(w, s, me, announced, st, wall)
+    new = _s_fold(w, s, me, announced, st, wall, complete)
     viable = z3.And(
         z3.Not(new.complete),
         st.min_nodes <= new.n_participants,
         new.n_participants <= st.max_nodes,
     )
-    return ite_state(w, viable, s_mark_complete(w, new, me, st, wall), new)
+    return ite_state(w, viable, complete(w, new, me, st, wall), new)
 
 
 def dead_by_wall(w: World, s: SymState, st: SymSettings, wall: Z) -> Z:
@@ -684,21 +767,14 @@ def s_prune_ending_broken_rounds(w: World, s: SymState, dead: Z, st: SymSettings
     dead_members = w.set_of(lambda x: z3.And(s.participants[x], s.beating[x], dead[x]))
     lost = w.subset_size(dead_members, s.participants, s.n_participants)
     broken = z3.And(lost > 0, s.complete, after.complete, after.n_participants > 0)
-    nobody = w.set_of(lambda x: z3.BoolVal(False))
-    reopened = after.evolve(
-        round=after.round + 1,
-        complete=z3.BoolVal(False),
-        has_deadline=z3.BoolVal(False),
-        participants=nobody,
-        n_participants=z3.IntVal(0),
-        waiting=w.set_of(lambda x: z3.Or(after.waiting[x], after.participants[x])),
-    )
-    return ite_state(w, broken, reopened, after)
+    return ite_state(w, broken, s_end_round(w, after), after)
 
 
 SYMBOLIC_FOLDS: Mapping[E.Fold, SymFold] = {
     E.fold_announced: s_fold_announced,
     E.fold_and_complete: s_fold_and_complete,
+    E.fold_announced_clearing_wait_list: s_fold_announced_clearing_wait_list,
+    E.fold_and_complete_clearing_wait_list: s_fold_and_complete_clearing_wait_list,
 }
 """The symbolic model of each Python fold, keyed by the Python function."""
 
@@ -721,6 +797,9 @@ SYMBOLIC_EFFECTS: Mapping[E.Effect, SymEffect] = {
     E.remove_from_redundancy_list: s_remove_from_redundancy_list,
     E.mark_complete: s_mark_complete,
     E.mark_closed: s_mark_closed,
+    E.leave_ending_round: s_leave_ending_round,
+    E.mark_complete_clearing_wait_list: s_mark_complete_clearing_wait_list,
+    E.add_to_participants_clearing_wait_list: s_add_to_participants_clearing_wait_list,
 }
 """The symbolic model of each Python effect, keyed by the Python function."""
 

@@ -55,9 +55,39 @@ def mark_complete(
     return state.evolve(complete=True, deadline=None, participants=ranks)
 
 
-def add_to_participants(
+def mark_complete_clearing_wait_list(
     state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
 ) -> RendezvousState:
+    """:func:`mark_complete`, and the round starts with an empty wait list.
+
+    A node still on the wait list when its round completes was not taken by that round:
+    it never joined during the whole last call (it is dead, or slow), or the round filled
+    up without it (it is surplus beyond max_nodes). Left there, it is counted by every
+    member's ``num_nodes_waiting()``, and torch's agents restart their workers the moment
+    they return, form the next round without it, and do it again: a restart storm (the
+    correctness issue's failures 2 and 5). Dropped here, a live one finds itself unlisted
+    in a complete round and queues again (on the wait list if the round has room, which
+    is a real change of membership, else on the redundancy list, uncounted); a dead one
+    is gone.
+    """
+    done = mark_complete(state, node, settings, wall_now)
+    if not done.wait_list:
+        return done
+    left = set(done.wait_list)
+    return done.evolve(
+        wait_list=(), last_heartbeats={n: t for n, t in done.last_heartbeats if n not in left}
+    )
+
+
+def _admit(
+    state: RendezvousState,
+    node: NodeId,
+    settings: Settings,
+    wall_now: Millis,
+    complete: Effect,
+) -> RendezvousState:
+    """Add ``node`` to the participants (off the wait list, heartbeat fresh); start the
+    last call at min_nodes and finish the round with ``complete`` at max_nodes."""
     members = state.participant_map()
     members[node] = 0
     new = state.evolve(
@@ -68,8 +98,22 @@ def add_to_participants(
     if new.num_participants == settings.min_nodes:
         new = new.evolve(deadline=wall_now + settings.last_call_timeout)
     if new.num_participants == settings.max_nodes:
-        new = mark_complete(new, node, settings, wall_now)
+        new = complete(new, node, settings, wall_now)
     return new
+
+
+def add_to_participants(
+    state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
+) -> RendezvousState:
+    return _admit(state, node, settings, wall_now, mark_complete)
+
+
+def add_to_participants_clearing_wait_list(
+    state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
+) -> RendezvousState:
+    """:func:`add_to_participants`, completing at max_nodes with
+    :func:`mark_complete_clearing_wait_list`."""
+    return _admit(state, node, settings, wall_now, mark_complete_clearing_wait_list)
 
 
 def add_to_wait_list(
@@ -102,6 +146,41 @@ def remove_from_participants(
     members.pop(node, None)
     new = _forget_heartbeat(state.evolve(participants=members), node)
     return remove_participant_epilogue(new, settings)
+
+
+def end_round(state: RendezvousState) -> RendezvousState:
+    """End a complete round that lost a member: the next round opens, with the survivors
+    queued on its wait list (so every agent's ``num_nodes_waiting()`` reports them and
+    they re-form the job together). Nodes standing by stay where they are."""
+    survivors = state.participant_nodes()
+    return state.evolve(
+        round=state.round + 1,
+        complete=False,
+        deadline=None,
+        participants={},
+        wait_list=(*state.wait_list, *survivors),
+    )
+
+
+def leave_ending_round(
+    state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
+) -> RendezvousState:
+    """:func:`remove_from_participants`, and a complete round the node leaves ends there
+    (:func:`end_round`) instead of going on with a hole in it.
+
+    In the reference protocol a member that calls ``next_rendezvous`` again (its workers
+    failed) leaves its complete round, and the round stays complete with the others. A
+    member that has not yet seen the round complete (paused, slow) then finds it so and
+    returns *that* round with the smaller world size and its old rank: a rank not below
+    the world size, and a world size its peers did not get (the correctness issue's
+    failure 1). Ending the round means a complete round's membership never changes while
+    it is the current round, so whoever returns it returns the world size it completed
+    with.
+    """
+    new = remove_from_participants(state, node, settings, wall_now)
+    if state.complete and state.is_participant(node) and new.complete:
+        return end_round(new)
+    return new
 
 
 def remove_from_wait_list(
@@ -217,15 +296,7 @@ def prune_ending_broken_rounds(
     )
     if not broken:
         return cleaned
-    survivors = after.participant_nodes()
-    reopened = after.evolve(
-        round=after.round + 1,
-        complete=False,
-        deadline=None,
-        participants={},
-        wait_list=(*after.wait_list, *survivors),
-    )
-    return Sanitized(reopened, cleaned.dead, True)
+    return Sanitized(end_round(after), cleaned.dead, True)
 
 
 def sanitize_ending_broken_rounds(
@@ -249,6 +320,30 @@ def fold_announced(
     announcers are left out and queue themselves). Nodes already participating or
     standing by are skipped. One pass and one new state, so a fold of N announcements
     costs O(N log N), not N copies of the state."""
+    return _fold(state, node, announced, settings, wall_now, mark_complete)
+
+
+def fold_announced_clearing_wait_list(
+    state: RendezvousState,
+    node: NodeId,
+    announced: tuple[NodeId, ...],
+    settings: Settings,
+    wall_now: Millis,
+) -> RendezvousState:
+    """:func:`fold_announced`, completing at max_nodes with
+    :func:`mark_complete_clearing_wait_list` (as if each announcer had run
+    :func:`add_to_participants_clearing_wait_list`)."""
+    return _fold(state, node, announced, settings, wall_now, mark_complete_clearing_wait_list)
+
+
+def _fold(
+    state: RendezvousState,
+    node: NodeId,
+    announced: tuple[NodeId, ...],
+    settings: Settings,
+    wall_now: Millis,
+    complete: Effect,
+) -> RendezvousState:
     if state.complete:
         return state
     members = state.participant_map()
@@ -276,7 +371,7 @@ def fold_announced(
         deadline=deadline,
     )
     if new.num_participants == settings.max_nodes:
-        new = mark_complete(new, node, settings, wall_now)
+        new = complete(new, node, settings, wall_now)
     return new
 
 
@@ -291,4 +386,18 @@ def fold_and_complete(
     new = fold_announced(state, node, announced, settings, wall_now)
     if not new.complete and settings.min_nodes <= new.num_participants <= settings.max_nodes:
         new = mark_complete(new, node, settings, wall_now)
+    return new
+
+
+def fold_and_complete_clearing_wait_list(
+    state: RendezvousState,
+    node: NodeId,
+    announced: tuple[NodeId, ...],
+    settings: Settings,
+    wall_now: Millis,
+) -> RendezvousState:
+    """:func:`fold_and_complete` with :func:`mark_complete_clearing_wait_list`."""
+    new = fold_announced_clearing_wait_list(state, node, announced, settings, wall_now)
+    if not new.complete and settings.min_nodes <= new.num_participants <= settings.max_nodes:
+        new = mark_complete_clearing_wait_list(new, node, settings, wall_now)
     return new

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from spec.codec import CorruptState, decode, decode_node, encode, encode_node
 from spec.effects import expired_by_wall
@@ -45,6 +45,9 @@ from spec.vocabulary import ACTION_FAILURES, Action, FailKind, Op
 
 Token = int | str | bytes
 """An opaque fencing token handed out by the store with every read."""
+
+Sightings = tuple[tuple[NodeId, Millis, Millis], ...]
+"""A local liveness clock: (node, heartbeat value, monotonic time first seen), sorted."""
 
 STATE_KEY = "state"
 """The key of the shared state register (relative to the run's namespace)."""
@@ -63,12 +66,37 @@ class Now:
 
 # -- events (inputs) ----------------------------------------------------------------------
 @dataclass(frozen=True)
+class Known:
+    """A state a node knows: a view it read or wrote (and sanitized), with its token and
+    the monotonic time of that read or write (see :func:`known_of`)."""
+
+    view: RendezvousState
+    token: Token | None
+    synced_at: Millis
+
+
+@dataclass(frozen=True)
 class StartOp:
-    """The node's owner starts an operation that must end by ``deadline`` (monotonic)."""
+    """The node's owner starts an operation that must end by ``deadline`` (monotonic).
+
+    ``sightings``: when the node runs two machine states (the handler keeps one for exit,
+    join and keep-alive, and one for queries and closes, so that neither waits for the
+    other), the node's one local liveness clock is the first one's ``seen_beats``; an
+    operation on the second starts from it (a copy), so both judge heartbeats by the
+    same first-seen times and the node keeps one clock, not two.
+
+    ``known``: what the node's other machine state knows (see below)."""
 
     op: Op
     deadline: Millis
     now: Now
+    sightings: Sightings | None = None
+    known: Known | None = None
+    """What the node's other machine state knows: the operation starts from that view
+    instead of its own when it is newer (:func:`newer`), so that, say, a
+    ``num_nodes_waiting()`` right after ``next_rendezvous`` returned counts the round
+    that call joined, not a cached view of the round before (the correctness issue's
+    failure 3)."""
 
 
 @dataclass(frozen=True)
@@ -320,6 +348,31 @@ class Local:
     """Heartbeats under keys: (watched node, heartbeat value, monotonic time this node
     first saw that value), in the order of :func:`watched`."""
 
+    def __hash__(self) -> int:
+        # A Local never changes, so its hash is computed once (the model checker hashes
+        # the same machine states many times); :func:`evolve` starts the copy without it.
+        cached: int | None = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, name) for name in _LOCAL_FIELDS))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+
+_LOCAL_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Local))
+_LOCAL_FIELD_SET = frozenset(_LOCAL_FIELDS)
+
+
+def evolve(local: Local, **changes: object) -> Local:
+    """``local`` with ``changes`` (what :func:`dataclasses.replace` does, ten times
+    faster: a Local has no ``__post_init__`` to run). Names must be fields of Local."""
+    assert changes.keys() <= _LOCAL_FIELD_SET, sorted(changes.keys() - _LOCAL_FIELD_SET)
+    new = object.__new__(Local)
+    state = new.__dict__
+    state.update(local.__dict__)
+    state.pop("_hash", None)
+    state.update(changes)
+    return new
+
 
 @dataclass(frozen=True)
 class Config:
@@ -371,7 +424,12 @@ def step(local: Local, event: Event, config: Config) -> Step:
     if isinstance(event, StartOp):
         if local.phase is not Phase.IDLE:
             raise InvalidTransition(local, event)
-        started = replace(local, op=event.op, deadline=event.deadline)
+        started = evolve(local, op=event.op, deadline=event.deadline)
+        if event.sightings is not None:
+            started = evolve(started, seen_beats=event.sightings)
+        known = event.known
+        if known is not None and not local.dirty and newer(known.view, local.view):
+            started = evolve(started, view=known.view, token=known.token, synced_at=known.synced_at)
         return _sync(started, event.now, config)
     if isinstance(event, ReadResult):
         if local.phase is not Phase.READING:
@@ -385,12 +443,12 @@ def step(local: Local, event: Event, config: Config) -> Step:
         if local.phase is not Phase.WAITING:
             raise InvalidTransition(local, event)
         # We waited because nothing could progress: the cached view is not good enough.
-        return _sync(replace(local, synced_at=None), event.now, config)
+        return _sync(evolve(local, synced_at=None), event.now, config)
     if isinstance(event, Announced):
         if local.phase is not Phase.ANNOUNCING:
             raise InvalidTransition(local, event)
         announced = (local.view.round, event.size, event.now.mono)
-        return _decide(replace(local, announced=announced), event.now, config)
+        return _decide(evolve(local, announced=announced), event.now, config)
     if isinstance(event, AnnouncedMembers):
         if local.phase is not Phase.READING_ANNOUNCED or local.folding is None:
             raise InvalidTransition(local, event)
@@ -401,11 +459,11 @@ def step(local: Local, event: Event, config: Config) -> Step:
         # A fold may have admitted this node before the announcement left the set: decide
         # on a fresh read, where it then finds itself a participant (and withdraws from
         # the state) or not.
-        return _sync(replace(local, announced=None, synced_at=None), event.now, config)
+        return _sync(evolve(local, announced=None, synced_at=None), event.now, config)
     if isinstance(event, Beaten):
         if local.phase is not Phase.BEATING:
             raise InvalidTransition(local, event)
-        beaten = replace(local, beats=next_beat(local, config), beat_at=event.now.mono)
+        beaten = evolve(local, beats=next_beat(local, config), beat_at=event.now.mono)
         return _decide(beaten, event.now, config)
     if isinstance(event, BeatValues):
         if local.phase is not Phase.WATCHING:
@@ -414,8 +472,42 @@ def step(local: Local, event: Event, config: Config) -> Step:
     if isinstance(event, IoFailed):
         if local.phase is Phase.IDLE:
             raise InvalidTransition(local, event)
-        return _fail(replace(local, folding=None), FailKind.CONNECTION, event.reason)
+        return _fail(evolve(local, folding=None), FailKind.CONNECTION, event.reason)
     raise InvalidTransition(local, event)
+
+
+def nodes_waiting(view: RendezvousState, node: NodeId, joined: int | None, variant: Variant) -> int:
+    """What ``num_nodes_waiting()`` answers from ``view`` for ``node``, whose last
+    ``next_rendezvous`` returned round ``joined`` (None: it returned none, or is in one
+    now): the nodes on the wait list, and, under a variant that
+    ``counts_dropped_member``, the node itself once that round no longer holds it (the
+    round ended or dropped it), so that its agent, which learns of it only from a count
+    above 0, joins the next round."""
+    count = len(view.wait_list)
+    if not variant.counts_dropped_member or joined is None or view.is_waiting(node):
+        return count
+    holds = view.round == joined and view.complete and view.is_participant(node)
+    return count if holds else count + 1
+
+
+def known_of(local: Local) -> Known | None:
+    """What ``local`` knows of the stored state, to hand to the node's other machine
+    state (:attr:`StartOp.known`): its view, unless it holds changes not yet written
+    (dirty) or it has never read one."""
+    if local.dirty or local.synced_at is None:
+        return None
+    return Known(local.view, local.token, local.synced_at)
+
+
+def newer(a: RendezvousState, b: RendezvousState) -> bool:
+    """Whether state ``a`` certainly comes after state ``b`` in the store's history.
+
+    The protocol moves every state forward in one order: a close is never undone, the
+    round never goes back, and a round, once complete, only ever opens again as the next
+    round. So a closed state comes after every open one, a higher round after a lower
+    one, and a complete round after the same round open. States that tie on (closed,
+    round, complete) are not ordered: then neither is newer."""
+    return (a.closed, a.round, a.complete) > (b.closed, b.round, b.complete)
 
 
 def next_beat(local: Local, config: Config) -> int:
@@ -451,7 +543,7 @@ def _watched(local: Local, event: BeatValues, config: Config) -> Local:
         old = before.get(n)
         seen = old[1] if old is not None and old[0] == value else event.now.mono
         entries.append((n, value, seen))
-    return replace(local, watch=tuple(entries), watched_at=event.now.mono)
+    return evolve(local, watch=tuple(entries), watched_at=event.now.mono)
 
 
 def dead_watched(local: Local, mono: Millis, settings: Settings) -> tuple[NodeId, ...]:
@@ -474,16 +566,16 @@ def _fold(local: Local, event: AnnouncedMembers, config: Config) -> Step:
     try:
         members = tuple(decode_node(m) for m in event.members)
     except CorruptState as exc:
-        failed = replace(local, folding=None)
+        failed = evolve(local, folding=None)
         message = f"{CORRUPT_ANNOUNCEMENTS} {local.view.round} holds {exc}"
         return _fail(failed, FailKind.CORRUPT_STATE, message)
     fold = config.variant.folds[action]
     view = fold(local.view, local.node, members, config.settings, event.now.wall)
     if view == local.view:
         # Nothing to admit (the set held nobody new): decide again on a fresh read.
-        fresh = replace(local, folding=None, synced_at=None)
+        fresh = evolve(local, folding=None, synced_at=None)
         return replace(_sync(fresh, event.now, config), action=action)
-    changed = replace(local, view=view, dirty=True, folding=None)
+    changed = evolve(local, view=view, dirty=True, folding=None)
     return replace(_sync(changed, event.now, config), action=action)
 
 
@@ -495,11 +587,11 @@ def _op(local: Local) -> Op:
 def _sync(local: Local, now: Now, config: Config) -> Step:
     if local.dirty:
         request = CompareAndSet(config.key, encode(local.view), local.token)
-        return Step(replace(local, phase=Phase.WRITING), request)
+        return Step(evolve(local, phase=Phase.WRITING), request)
     cache = config.settings.cache_duration
     if cache and local.synced_at is not None and local.synced_at >= now.mono - cache:
         return _decide(local, now, config)
-    return Step(replace(local, phase=Phase.READING), Read(config.key))
+    return Step(evolve(local, phase=Phase.READING), Read(config.key))
 
 
 def _absorb(
@@ -529,7 +621,7 @@ def _absorb(
         last_call = None
         cleaned = variant.prune(view, expired_by_wall(view, settings, now.wall), settings)
     dirty = cleaned.removed_participant and variant.prune_marks_dirty
-    fresh = replace(
+    fresh = evolve(
         local,
         view=cleaned.state,
         token=token,
@@ -612,7 +704,7 @@ def _decide(local: Local, now: Now, config: Config) -> Step:
     index = table.select(ctx)
     action = table.rows[index].then
     if action is Action.FINISH:
-        return Step(replace(local, phase=Phase.IDLE, op=None), Done(op), action, index)
+        return Step(evolve(local, phase=Phase.IDLE, op=None), Done(op), action, index)
     if action in ACTION_FAILURES:
         kind = ACTION_FAILURES[action]
         failed = _fail(local, kind, _failure_message(op, kind, local))
@@ -620,27 +712,27 @@ def _decide(local: Local, now: Now, config: Config) -> Step:
     if action is Action.SYNC:
         until = next_timer(ctx, config, local)
         wait = Wait(config.key, local.token, until)
-        return Step(replace(local, phase=Phase.WAITING), wait, action, index)
+        return Step(evolve(local, phase=Phase.WAITING), wait, action, index)
     if action is Action.ANNOUNCE:
         request = Announce(local.view.round, encode_node(local.node))
-        return Step(replace(local, phase=Phase.ANNOUNCING), request, action, index)
+        return Step(evolve(local, phase=Phase.ANNOUNCING), request, action, index)
     if action is Action.WITHDRAW:
         withdraw = Withdraw(local.view.round, encode_node(local.node))
-        return Step(replace(local, phase=Phase.WITHDRAWING), withdraw, action, index)
+        return Step(evolve(local, phase=Phase.WITHDRAWING), withdraw, action, index)
     if action.folds:
-        busy = replace(local, phase=Phase.READING_ANNOUNCED, folding=action)
+        busy = evolve(local, phase=Phase.READING_ANNOUNCED, folding=action)
         return Step(busy, ReadAnnounced(local.view.round), action, index)
     if action is Action.BEAT:
         value = str(next_beat(local, config)).encode("ascii")
-        return Step(replace(local, phase=Phase.BEATING), Beat(value), action, index)
+        return Step(evolve(local, phase=Phase.BEATING), Beat(value), action, index)
     if action is Action.WATCH:
         nodes = watched(local.view, local.node)
-        return Step(replace(local, phase=Phase.WATCHING), ReadBeats(nodes), action, index)
+        return Step(evolve(local, phase=Phase.WATCHING), ReadBeats(nodes), action, index)
     if action is Action.PRUNE_DEAD:
         cleaned = config.variant.prune(local.view, ctx.dead, config.settings)
         gone = set(cleaned.dead)
         watch = tuple(entry for entry in local.watch if entry[0] not in gone)
-        changed = replace(local, view=cleaned.state, dirty=True, watch=watch)
+        changed = evolve(local, view=cleaned.state, dirty=True, watch=watch)
         synced = _sync(changed, now, config)
         return replace(synced, action=action, row=index, pruned=cleaned.dead)
     effect = config.variant.effects[action]
@@ -649,14 +741,14 @@ def _decide(local: Local, now: Now, config: Config) -> Step:
     if action is Action.REMOVE_FROM_REDUNDANCY_LIST:
         # The node gets a whole new join window once it leaves the redundancy list.
         deadline = now.mono + config.settings.join_timeout
-    changed = replace(local, view=view, dirty=True, deadline=deadline)
+    changed = evolve(local, view=view, dirty=True, deadline=deadline)
     synced = _sync(changed, now, config)
     return replace(synced, action=action, row=index)
 
 
 def _fail(local: Local, kind: FailKind, message: str) -> Step:
     op = _op(local)
-    return Step(replace(local, phase=Phase.IDLE, op=None), Fail(op, kind, message))
+    return Step(evolve(local, phase=Phase.IDLE, op=None), Fail(op, kind, message))
 
 
 def _failure_message(op: Op, kind: FailKind, local: Local) -> str:

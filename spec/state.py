@@ -131,6 +131,26 @@ class RendezvousState:
         object.__setattr__(self, "_participant_map", dict(self.participants))
         object.__setattr__(self, "_heartbeat_map", dict(self.last_heartbeats))
 
+    def __hash__(self) -> int:
+        # The value never changes, so its hash is computed once (the model checker hashes
+        # the same states many times).
+        cached: int | None = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(
+                (
+                    self.round,
+                    self.complete,
+                    self.closed,
+                    self.deadline,
+                    self.participants,
+                    self.wait_list,
+                    self.redundancy_list,
+                    self.last_heartbeats,
+                )
+            )
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
     @classmethod
     def build(
         cls,

@@ -39,6 +39,13 @@ Switches:
     the expiry. Nodes of open rounds are not watched: a dead one is found once its
     round completes. Requires ``liveness_clock="local"``.
 
+``counts_dropped_member``
+    Whether a member's ``num_nodes_waiting()`` counts the member itself once the round it
+    joined no longer holds it (the round ended, or the member was dropped from it). torch's
+    agent learns that its round is over only from a count above 0; counted among the
+    nodes waiting, it re-rendezvouses even when a fast new round completed without it
+    and left nobody else waiting. The reference counts the wait list alone.
+
 ``prune``
     Removes the expired nodes (:func:`spec.effects.prune`, or the hardened
     :func:`spec.effects.prune_ending_broken_rounds`).
@@ -61,9 +68,12 @@ from spec.effects import (
     Effect,
     Fold,
     Sanitized,
+    add_to_participants_clearing_wait_list,
     expired_by_wall,
-    fold_and_complete,
-    fold_announced,
+    fold_and_complete_clearing_wait_list,
+    fold_announced_clearing_wait_list,
+    leave_ending_round,
+    mark_complete_clearing_wait_list,
     prune,
     prune_ending_broken_rounds,
 )
@@ -100,6 +110,8 @@ class Variant:
     tables: Mapping[Op, Table]
     effects: Mapping[Action, Effect]
     prune_marks_dirty: bool = True
+    counts_dropped_member: bool = False
+    """See the module docstring."""
     rollback_window: Millis = 5 * SECOND
     prune: Pruner = prune
     """Removes expired nodes from every state a node reads or gets back from a write."""
@@ -180,6 +192,7 @@ class Variant:
         effects: Mapping[Action, Effect] | None = None,
         folds: Mapping[Action, Fold] | None = None,
         prune_marks_dirty: bool | None = None,
+        counts_dropped_member: bool | None = None,
         rollback_window: Millis | None = None,
         prune: Pruner | None = None,
         liveness_clock: str | None = None,
@@ -233,6 +246,12 @@ class Variant:
             changes.append(f"fold of {action.value}: {fold.__name__}")
         if prune_marks_dirty is not None and prune_marks_dirty != self.prune_marks_dirty:
             changes.append(f"prune_marks_dirty: {self.prune_marks_dirty} -> {prune_marks_dirty}")
+        if counts_dropped_member is not None and (
+            counts_dropped_member != self.counts_dropped_member
+        ):
+            changes.append(
+                f"counts_dropped_member: {self.counts_dropped_member} -> {counts_dropped_member}"
+            )
         if rollback_window is not None and rollback_window != self.rollback_window:
             changes.append(f"rollback_window: {self.rollback_window} -> {rollback_window} ms")
         if prune is not None and prune is not self.prune:
@@ -249,6 +268,11 @@ class Variant:
             folds=MappingProxyType(new_folds),
             prune_marks_dirty=(
                 self.prune_marks_dirty if prune_marks_dirty is None else prune_marks_dirty
+            ),
+            counts_dropped_member=(
+                self.counts_dropped_member
+                if counts_dropped_member is None
+                else counts_dropped_member
             ),
             rollback_window=self.rollback_window if rollback_window is None else rollback_window,
             prune=self.prune if prune is None else prune,
@@ -300,14 +324,29 @@ TORCH_213 = UPSTREAM.derive(
 _FIRST_ROLLBACK_ROW = 6
 assert UPSTREAM_JOIN.rows[_FIRST_ROLLBACK_ROW].then is Action.REMOVE_FROM_PARTICIPANTS
 
+HARDENED_EFFECTS: Mapping[Action, Effect] = MappingProxyType(
+    {
+        Action.REMOVE_FROM_PARTICIPANTS: leave_ending_round,
+        Action.MARK_RENDEZVOUS_COMPLETE: mark_complete_clearing_wait_list,
+        Action.ADD_TO_PARTICIPANTS: add_to_participants_clearing_wait_list,
+    }
+)
+"""What ``hardened`` changes in upstream's effects: leaving a complete round ends it, and
+a round completes with an empty wait list (see the effects' docstrings)."""
+
 HARDENED = UPSTREAM.derive(
     "hardened",
     description=(
         "Fixes what the model checker finds in upstream: a complete round that loses a "
         "participant to expiry is ended and its survivors queued (so num_nodes_waiting "
-        "reports it), a participant whose join deadline passes while min_nodes is "
-        "reached completes the round instead of abandoning it, and liveness and the "
-        "last call are measured on each node's own monotonic clock."
+        "reports it), and so is a complete round a member leaves (it called "
+        "next_rendezvous again), so that nobody returns a round whose membership changed; "
+        "a round completes with an empty wait list, so that a node it did not take (dead, "
+        "slow or surplus) does not restart every member at once, and a member whose round no "
+        "longer holds it counts itself as waiting; a participant whose join "
+        "deadline passes while min_nodes is reached completes the round instead of "
+        "abandoning it, and liveness and the last call are measured on each node's own "
+        "monotonic clock."
     ),
     insert={
         (Op.JOIN, _FIRST_ROLLBACK_ROW): row(
@@ -319,6 +358,8 @@ HARDENED = UPSTREAM.derive(
             why="min reached: complete now rather than abandon a viable round",
         )
     },
+    effects=HARDENED_EFFECTS,
+    counts_dropped_member=True,
     prune=prune_ending_broken_rounds,
     liveness_clock=LOCAL,
 )
@@ -446,7 +487,10 @@ SCALE = HARDENED.derive(
         (Op.KEEP_ALIVE, 2): row(Atom.BEAT_DUE, then=Action.BEAT, why="write our heartbeat key"),
         (Op.KEEP_ALIVE, 3): row(then=Action.PRUNE_DEAD, why="a watched node is dead: prune it"),
     },
-    folds={Action.FOLD: fold_announced, Action.FOLD_AND_COMPLETE: fold_and_complete},
+    folds={
+        Action.FOLD: fold_announced_clearing_wait_list,
+        Action.FOLD_AND_COMPLETE: fold_and_complete_clearing_wait_list,
+    },
 )
 
 VARIANTS: Mapping[str, Variant] = MappingProxyType(

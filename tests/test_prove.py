@@ -224,7 +224,8 @@ def test_a_planted_fold_that_ignores_max_nodes_fails_the_proof() -> None:
         w.side.extend(w.card_facts(joined, n))
         return s.evolve(participants=joined, n_participants=n)
 
-    outcomes = P.Prover(VARIANTS["scale"], fold_models={E.fold_announced: s_fold_everyone})
+    fold = VARIANTS["scale"].folds[Action.FOLD]
+    outcomes = P.Prover(VARIANTS["scale"], fold_models={fold: s_fold_everyone})
     failed = {o.name for o in outcomes.prove() if not o.holds}
     fold_row = next(
         i for i, r in enumerate(VARIANTS["scale"].table(Op.JOIN).rows) if r.then is Action.FOLD

@@ -8,11 +8,14 @@ from spec.effects import (
     UPSTREAM_EFFECTS,
     Sanitized,
     add_to_participants,
+    add_to_participants_clearing_wait_list,
     add_to_redundancy_list,
     add_to_wait_list,
     keep_alive,
+    leave_ending_round,
     mark_closed,
     mark_complete,
+    mark_complete_clearing_wait_list,
     remove_from_participants,
     remove_from_redundancy_list,
     remove_from_wait_list,
@@ -367,3 +370,80 @@ def test_hardened_sanitize_is_plain_sanitize_otherwise() -> None:
     )
     for state in (open_round, waiting_only, last_member, healthy):
         assert sanitize_ending_broken_rounds(state, S, NOW) == sanitize(state, S, NOW)
+
+
+# -- the hardened completion and exit ----------------------------------------------------
+def test_a_round_completes_with_an_empty_wait_list_under_hardened() -> None:
+    # init: an open round of two past its last call; C still on the wait list (it never
+    # joined: dead, slow or surplus), D standing by
+    state = RendezvousState.build(
+        round=3,
+        participants=members(A, B),
+        deadline=NOW - 1,
+        wait_list=[C],
+        redundancy_list=[D],
+        last_heartbeats=beats(A, B, C, D),
+    )
+    # act
+    done = mark_complete_clearing_wait_list(state, A, S, NOW)
+    # check: upstream's completion, minus the waiter and its heartbeat; D stays
+    assert done == mark_complete(state, A, S, NOW).evolve(
+        wait_list=(), last_heartbeats=beats(A, B, D)
+    )
+    assert done.redundancy_list == (D,)
+
+
+def test_filling_a_round_drops_the_waiters_under_hardened() -> None:
+    # init: two participants of three, C waiting (it was carried over from a round that
+    # ended) but not joining this one
+    state = RendezvousState.build(
+        participants=members(A, B), wait_list=[C], last_heartbeats=beats(A, B, C)
+    )
+    # act: D fills the round
+    full = add_to_participants_clearing_wait_list(state, D, S, NOW)
+    # check: as upstream's, but C is no longer counted by num_nodes_waiting()
+    upstream = add_to_participants(state, D, S, NOW)
+    assert upstream.wait_list == (C,)
+    assert full == upstream.evolve(wait_list=(), last_heartbeats=beats(A, B) | {D: NOW})
+
+
+def test_joining_below_max_keeps_the_waiters_under_hardened() -> None:
+    state = RendezvousState.build(wait_list=[C], last_heartbeats=beats(C))
+    assert add_to_participants_clearing_wait_list(state, A, S, NOW) == add_to_participants(
+        state, A, S, NOW
+    )
+
+
+def test_leaving_a_complete_round_ends_it_under_hardened() -> None:
+    # init: a complete round of three; D waits for the next one
+    state = RendezvousState.build(
+        round=7,
+        complete=True,
+        participants=members(A, B, C, ranked=True),
+        wait_list=[D],
+        last_heartbeats=beats(A, B, C, D),
+    )
+    # act: A calls next_rendezvous again (its workers failed): the exit op leaves
+    after = leave_ending_round(state, A, S, NOW)
+    # check: round 8 opens with the survivors queued behind D; A's heartbeat is gone
+    assert after == RendezvousState.build(
+        round=8, wait_list=[B, C, D], last_heartbeats=beats(B, C, D)
+    )
+    # upstream keeps round 7 complete with a hole: B and C could still return it with
+    # world size 2 and ranks 1 and 2
+    kept = remove_from_participants(state, A, S, NOW)
+    assert (kept.round, kept.complete, kept.participant_map()) == (7, True, {B: 1, C: 2})
+
+
+def test_leaving_elsewhere_is_upstream_leaving_under_hardened() -> None:
+    open_round = RendezvousState.build(
+        participants=members(A, B), deadline=NOW, last_heartbeats=beats(A, B)
+    )
+    last = RendezvousState.build(
+        complete=True, participants=members(A, ranked=True), last_heartbeats=beats(A)
+    )
+    outsider = RendezvousState.build(
+        complete=True, participants=members(B, C, ranked=True), last_heartbeats=beats(B, C)
+    )
+    for state in (open_round, last, outsider):
+        assert leave_ending_round(state, A, S, NOW) == remove_from_participants(state, A, S, NOW)

@@ -34,13 +34,17 @@ from spec.machine import (
     Wait,
     WokeUp,
     context,
+    evolve,
+    known_of,
+    newer,
     next_timer,
+    nodes_waiting,
     step,
 )
 from spec.settings import Settings
 from spec.state import EMPTY_STATE, NodeId, RendezvousState
 from spec.tables import Atom, Context
-from spec.variants import HARDENED, TORCH_213, UPSTREAM, Variant
+from spec.variants import HARDENED, SCALE, TORCH_213, UPSTREAM, Variant
 from spec.vocabulary import Action, FailKind, Op
 
 ME = NodeId("worker-0.example.com", 4242, 0)
@@ -222,6 +226,83 @@ def test_woke_up_invalidates_the_cache() -> None:
     s = step(s.local, WokeUp(at()), CONFIG)  # same instant: the cache would still be fresh
     assert s.request == Read(STATE_KEY)
     assert s.local.synced_at is None
+
+
+# -- the node's other machine state (StartOp.known) ---------------------------------------
+def _knows(state: RendezvousState, token: int, dt: int = 0) -> Local:
+    """A machine state that has just read ``state`` (at ``dt``) and is idle again."""
+    s = read(started(Op.QUERY, dt=dt), state, token, dt=dt)
+    assert s.request == Done(Op.QUERY)
+    return s.local
+
+
+def test_a_query_counts_the_round_the_join_just_completed() -> None:
+    # init: the query machine read round 4 with C waiting; then the join machine got
+    # round 5 complete (C joined it) as the answer to its compare-and-set
+    before = RendezvousState.build(
+        round=4,
+        complete=True,
+        participants={ME: 0, A: 1},
+        wait_list=[B],
+        last_heartbeats=dict.fromkeys((ME, A, B), WALL),
+    )
+    after = RendezvousState.build(
+        round=5,
+        complete=True,
+        participants={ME: 0, A: 1, B: 2},
+        last_heartbeats=dict.fromkeys((ME, A, B), WALL),
+    )
+    query = _knows(before, 1)
+    join = _knows(after, 2, dt=10)
+    # act: num_nodes_waiting() within the cache duration of both reads
+    known = known_of(join)
+    s = step(query, StartOp(Op.QUERY, MONO + 20 + JOIN, at(20), known=known), CONFIG)
+    # check: answered from the newer view, without a read; its token comes along
+    assert s.request == Done(Op.QUERY)
+    assert (s.local.view, s.local.token, s.local.synced_at) == (after, 2, MONO + 10)
+    # without the other machine's view the count would be 1, from round 4
+    alone = step(query, StartOp(Op.QUERY, MONO + 20 + JOIN, at(20)), CONFIG)
+    assert alone.request == Done(Op.QUERY) and alone.local.view.wait_list == (B,)
+
+
+@pytest.mark.parametrize(
+    ("mine", "theirs", "adopted"),
+    [
+        (RendezvousState.build(round=2), RendezvousState.build(round=3), True),
+        (RendezvousState.build(round=3), RendezvousState.build(round=2), False),
+        (RendezvousState.build(round=3), RendezvousState.build(round=3, complete=True), True),
+        (RendezvousState.build(round=3, complete=True), RendezvousState.build(round=3), False),
+        (RendezvousState.build(round=9), RendezvousState.build(round=1, closed=True), True),
+        (RendezvousState.build(round=1, closed=True), RendezvousState.build(round=9), False),
+        # a tie on (closed, round, complete): the states are not ordered, keep our own
+        (RendezvousState.build(round=3), RendezvousState.build(round=3, wait_list=[A]), False),
+    ],
+)
+def test_a_started_op_takes_the_other_view_only_when_it_is_newer(
+    mine: RendezvousState, theirs: RendezvousState, adopted: bool
+) -> None:
+    local = _knows(mine, 1)
+    other = _knows(theirs, 2)
+    s = step(local, StartOp(Op.QUERY, MONO + JOIN, at(), known=known_of(other)), CONFIG)
+    assert s.local.view == (theirs if adopted else mine)
+    assert s.local.token == (2 if adopted else 1)
+    assert newer(theirs, mine) is adopted
+
+
+def test_a_dirty_view_is_neither_handed_over_nor_replaced() -> None:
+    newer_state = RendezvousState.build(round=8)
+    # a machine with a change not yet written hands nothing over ...
+    s = read(started(Op.JOIN), RendezvousState.build(), 1)
+    assert s.action is Action.ADD_TO_PARTICIPANTS and s.local.dirty
+    assert known_of(s.local) is None
+    # ... and keeps its change (its next sync writes it) whatever the other one knows
+    dirty = dataclasses.replace(s.local, phase=Phase.IDLE, op=None)
+    known = known_of(_knows(newer_state, 2))
+    out = step(dirty, StartOp(Op.JOIN, MONO + JOIN, at(), known=known), CONFIG)
+    assert out.local.view == dirty.view
+    assert isinstance(out.request, CompareAndSet)
+    # a machine that never read knows nothing
+    assert known_of(Local(ME)) is None
 
 
 # -- CAS conflicts ----------------------------------------------------------------------
@@ -670,3 +751,81 @@ def test_hardened_next_timer_uses_first_sight_times() -> None:
     # Own heartbeat due by its own wall clock, 100 s ago: that timer is in the past; the
     # next one is the expiry of what was seen at MONO.
     assert next_timer(ctx, HARD, s.local) == MONO + EXPIRY + 1
+
+
+# -- num_nodes_waiting: the one count the handler and the checker use -----------------------
+ROUND_3 = RendezvousState.build(round=3, complete=True, participants={ME: 0, A: 1})
+
+
+def test_a_member_of_its_current_round_counts_the_wait_list_only() -> None:
+    waiting = ROUND_3.evolve(wait_list=[B, C])
+    for variant in (UPSTREAM, HARDENED, SCALE):
+        assert nodes_waiting(ROUND_3, ME, 3, variant) == 0
+        assert nodes_waiting(waiting, ME, 3, variant) == 2
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        # its round ended (a peer left) and the next one formed without it
+        RendezvousState.build(round=4, complete=True, participants={A: 0, B: 1}),
+        # its round ended and the next one is open, without it on the wait list
+        RendezvousState.build(round=4, participants={A: 0}),
+        # its round is current but no longer holds it
+        RendezvousState.build(round=3, complete=True, participants={A: 0}),
+    ],
+)
+def test_a_member_its_round_dropped_counts_itself_under_hardened_only(
+    view: RendezvousState,
+) -> None:
+    assert nodes_waiting(view, ME, 3, HARDENED) == nodes_waiting(view, ME, 3, SCALE) == 1
+    assert nodes_waiting(view, ME, 3, UPSTREAM) == nodes_waiting(view, ME, 3, TORCH_213) == 0
+
+
+def test_a_node_on_the_wait_list_or_between_calls_is_not_counted_twice() -> None:
+    queued = RendezvousState.build(round=4, participants={A: 0}, wait_list=[ME])
+    assert nodes_waiting(queued, ME, 3, HARDENED) == 1
+    # No round returned yet (or a call in progress): the wait list alone.
+    assert (
+        nodes_waiting(RendezvousState.build(round=4, participants={A: 0}), ME, None, HARDENED) == 0
+    )
+
+
+# -- StartOp.sightings: a query borrows what its node has seen ------------------------------
+def test_an_operation_starts_from_the_sightings_it_is_given() -> None:
+    cfg = Config(SETTINGS, HARDENED)
+    seen = ((A, WALL, MONO - EXPIRY - 1),)
+    s = step(Local(ME), StartOp(Op.QUERY, MONO + JOIN, at(), sightings=seen), cfg)
+    assert s.local.seen_beats == seen
+    # Without sightings the machine state keeps its own.
+    own = evolve(Local(ME), seen_beats=((B, WALL, MONO),))
+    assert step(own, StartOp(Op.QUERY, MONO + JOIN, at()), cfg).local.seen_beats == own.seen_beats
+
+
+def test_borrowed_sightings_let_a_query_prune_a_node_its_node_saw_stand_still() -> None:
+    """A's heartbeat value has stood still, as the main machine state watched it, for
+    longer than the expiry: a fresh query state that borrows those sightings prunes A at
+    its first read; without them it would have to watch A for a whole expiry itself."""
+    cfg = Config(SETTINGS, HARDENED)
+    state = RendezvousState.build(
+        round=0, participants={A: 0, ME: 0}, last_heartbeats={A: WALL - 1, ME: WALL}
+    )
+    seen = ((A, WALL - 1, MONO - EXPIRY - 1), (ME, WALL, MONO))
+    borrowed = step(Local(ME), StartOp(Op.QUERY, MONO + JOIN, at(), sightings=seen), cfg)
+    fresh = step(Local(ME), StartOp(Op.QUERY, MONO + JOIN, at()), cfg)
+    data = ReadResult(encode(state), 1, at())
+    pruned = step(borrowed.local, data, cfg)
+    assert pruned.pruned == (A,) and not pruned.local.view.is_participant(A)
+    kept = step(fresh.local, data, cfg)
+    assert kept.pruned == () and kept.local.view.is_participant(A)
+
+
+def test_evolve_is_dataclasses_replace() -> None:
+    local = Local(ME, view=ROUND_3, token=7, synced_at=MONO)
+    hash(local)  # caches the hash, which the copy must not inherit
+    changed = evolve(local, token=8, dirty=True)
+    assert changed == dataclasses.replace(local, token=8, dirty=True)
+    assert hash(changed) == hash(dataclasses.replace(local, token=8, dirty=True))
+    assert local.token == 7 and not local.dirty
+    with pytest.raises(AssertionError):
+        evolve(local, no_such_field=1)

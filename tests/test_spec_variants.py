@@ -12,7 +12,16 @@ from spec.machine import Config, Fail, Local, Now, ReadResult, StartOp, step
 from spec.settings import Settings
 from spec.state import NodeId, RendezvousState
 from spec.tables import Atom, Table, row
-from spec.variants import HARDENED, SCALE, TORCH_213, UPSTREAM, VARIANTS, Variant, get_variant
+from spec.variants import (
+    HARDENED,
+    HARDENED_EFFECTS,
+    SCALE,
+    TORCH_213,
+    UPSTREAM,
+    VARIANTS,
+    Variant,
+    get_variant,
+)
 from spec.vocabulary import Action, FailKind, Op
 
 
@@ -55,11 +64,15 @@ def test_hardened_is_a_small_named_diff_of_upstream() -> None:
     assert HARDENED.changes == (
         "join: insert before row 6: [past_deadline and not complete and participant and "
         "size_in_range -> mark_rendezvous_complete]",
+        "effect of add_to_participants: add_to_participants_clearing_wait_list",
+        "effect of mark_rendezvous_complete: mark_complete_clearing_wait_list",
+        "effect of remove_from_participants: leave_ending_round",
+        "counts_dropped_member: False -> True",
         "prune: prune -> prune_ending_broken_rounds",
         "liveness_clock: wall -> local",
     )
     assert HARDENED.prune_marks_dirty is UPSTREAM.prune_marks_dirty
-    assert dict(HARDENED.effects) == dict(UPSTREAM.effects)
+    assert dict(HARDENED.effects) == {**UPSTREAM.effects, **HARDENED_EFFECTS}
     for op in Op:
         if op is not Op.JOIN:
             assert HARDENED.table(op) == UPSTREAM.table(op)
