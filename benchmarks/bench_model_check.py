@@ -41,7 +41,7 @@ ROW_TIMEOUT_S = 900
 """Wall-clock limit per row."""
 
 
-def run_row(args: list[str]) -> dict[str, object]:
+def run_row(args: list[str], timeout_s: float = ROW_TIMEOUT_S) -> dict[str, object]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     start = time.monotonic()
     proc = subprocess.run(
@@ -49,7 +49,7 @@ def run_row(args: list[str]) -> dict[str, object]:
         capture_output=True,
         text=True,
         env=env,
-        timeout=ROW_TIMEOUT_S,
+        timeout=timeout_s,
         check=False,
     )
     wall = time.monotonic() - start

@@ -44,9 +44,11 @@ from model_check.explore import (
     settle_limit,
 )
 from model_check.model import (
+    AGENT_WORKLOAD,
     CALLS_END,
     LIVELOCK,
     MODEL_PROPERTIES,
+    WORKLOADS,
     Faults,
     ModelConfig,
     Move,
@@ -83,20 +85,25 @@ STEPS_LIMIT = 10_000_000
 ROUNDS_LIMIT = 64
 """Largest --max-rounds (every documented run uses 1 or 2)."""
 BUDGET_LIMIT = 64
-"""Largest --closes and fault budget (--crash, --restart-new, --restart-same,
+"""Largest --closes, --worker-failures and fault budget (--crash, --restart-new, --restart-same,
 --cas-unknown, --store-down); every documented run uses at most 3."""
-BUDGET_OPTIONS = ("closes", "crash", "restart_new", "restart_same", "cas_unknown", "store_down")
+BUDGET_OPTIONS = (
+    *("closes", "worker_failures", "crash", "restart_new", "restart_same", "cas_unknown"),
+    "store_down",
+)
 """Options counted as budgets, each in 0..BUDGET_LIMIT."""
 
 TIME_OPTIONS = ("join_timeout", "last_call", "close_timeout", "heartbeat_timeout")
 """Options counted in ticks, each in 1..TICKS_LIMIT."""
 MODEL_OPTIONS = (
     "nodes",
+    "workload",
     "min_nodes",
     "max_nodes",
     "protocol",
     "max_rounds",
     "closes",
+    "worker_failures",
     "crash",
     "restart_new",
     "restart_same",
@@ -108,7 +115,7 @@ MODEL_OPTIONS = (
     *TIME_OPTIONS,
 )
 """Options that define the model, in the order of a trace's argv (each as --name=value)."""
-MODEL_FLAGS = ("duplicate_identity", "late_starts", "cas_ignores_token")
+MODEL_FLAGS = ("duplicate_identity", "late_starts", "cas_ignores_token", "stale_queries")
 """Switches that define the model (in a trace's argv only when on)."""
 REPLAY_OPTIONS = frozenset({"replay", "json", "quiet"})
 """What may accompany --replay: the trace carries every other setting."""
@@ -210,6 +217,13 @@ def _parser() -> argparse.ArgumentParser:
         default=1,
         help=f"shutdown calls allowed in all (0..{BUDGET_LIMIT}; default 1)",
     )
+    p.add_argument(
+        "--worker-failures",
+        type=int,
+        default=1,
+        help="times a member's workers fail, in all, so that it calls next_rendezvous "
+        f"again at once (0..{BUDGET_LIMIT}; default 1)",
+    )
     p.add_argument("--crash", type=int, default=0, help=f"crash budget ({budget})")
     p.add_argument(
         "--restart-new", type=int, default=0, help=f"restarts with a new identity ({budget})"
@@ -249,6 +263,20 @@ def _parser() -> argparse.ArgumentParser:
         "--cas-ignores-token",
         action="store_true",
         help="planted store bug: compare-and-set writes whatever the token (default off)",
+    )
+    p.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default=AGENT_WORKLOAD,
+        help="agent: members poll num_nodes_waiting() at any moment, as torch's agent does; "
+        "ticks: once per tick, after their keep-alive (fewer interleavings, for large N) "
+        "(default agent)",
+    )
+    p.add_argument(
+        "--stale-queries",
+        action="store_true",
+        help="planted handler bug: a query or close does not start from the newer view the "
+        "process's other machine state holds, as in rdzv before that fix (default off)",
     )
     p.add_argument(
         "--tick-ms",
@@ -406,12 +434,15 @@ def build_config(
             heartbeat_ticks=ns.heartbeat_timeout,
             max_rounds=ns.max_rounds,
             closes=ns.closes,
+            worker_failures=ns.worker_failures,
             faults=Faults(ns.crash, ns.restart_new, ns.restart_same, ns.cas_unknown, ns.store_down),
             skew_ticks=ns.skew,
             duplicate_identity=ns.duplicate_identity,
             late_starts=ns.late_starts,
             late=ns.late,
             cas_ignores_token=ns.cas_ignores_token,
+            share_views=not ns.stale_queries,
+            workload=ns.workload,
         )
         settings = cfg.settings
     except spec.SettingsError as exc:
@@ -434,12 +465,15 @@ def build_config(
         "workers": ns.workers,
         "max_rounds": ns.max_rounds,
         "closes": ns.closes,
+        "worker_failures": ns.worker_failures,
         "faults": dataclasses.asdict(cfg.faults),
         "skew_ticks": ns.skew,
         "duplicate_identity": ns.duplicate_identity,
         "late": ns.late,
         "late_starts": ns.late_starts,
         "store": "cas-ignores-token" if ns.cas_ignores_token else "linearizable-cas",
+        "stale_queries": ns.stale_queries,
+        "workload": ns.workload,
         "tick_ms": ns.tick_ms,
         "join_timeout_ticks": ns.join_timeout,
         "last_call_ticks": ns.last_call,
@@ -482,7 +516,8 @@ def _text_params(p: dict[str, Any]) -> dict[str, Any]:
         **{k: p[k] for k in ("protocol", "nodes", "min_nodes", "max_nodes", "mode", "seed")},
         "steps": "-" if p["steps"] is None else p["steps"],
         "symmetry": symmetry,
-        **{k: p[k] for k in ("workers", "max_rounds", "closes")},
+        **{k: p[k] for k in ("workers", "max_rounds", "closes", "worker_failures")},
+        "workload": p["workload"],
         "faults": " ".join(f"{k}={v}" for k, v in p["faults"].items()),
         "skew": f"+{p['skew_ticks']}t@n_0_0",
         "duplicate_identity": p["duplicate_identity"],
@@ -499,6 +534,8 @@ def _text_params(p: dict[str, Any]) -> dict[str, Any]:
         "cache": f"{p['cache_ms']}ms",
         "max_states": p["max_states"] or "none",
     }
+    if p["stale_queries"]:  # a planted bug: named only when on
+        text["stale_queries"] = True
     if p["max_depth"]:  # only then, so that every other run's line stays as it was
         text["max_depth"] = p["max_depth"]
     if "replay" in p:
@@ -526,7 +563,11 @@ def headline(params: dict[str, Any], given: set[str]) -> str:
     from rdzv.api import DEFAULT_PROTOCOL  # the handler's default: light to import
 
     name = params["protocol"]
-    default = " (the default of --protocol)" if "protocol" not in given else ""
+    default = (
+        " (the default of --protocol: torch's own protocol, to show what the checker finds in it)"
+        if "protocol" not in given
+        else ""
+    )
     handler = (
         "the protocol rdzv's handler runs by default"
         if name == DEFAULT_PROTOCOL
@@ -540,16 +581,20 @@ def headline(params: dict[str, Any], given: set[str]) -> str:
         faults.append("process 1 reuses process 0's identity")
     if params["store"] != "linearizable-cas":
         faults.append(f"a {params['store']} store")
+    if params["stale_queries"]:
+        faults.append("queries that ignore the newer view (a planted handler bug)")
     if faults:
         fault_text = "faults: " + ", ".join(faults)
-    elif given & set(BUDGET_OPTIONS) - {"closes"}:
+    elif given & set(BUDGET_OPTIONS) - {"closes", "worker_failures"}:
         fault_text = "faults: none"
     else:
         fault_text = "faults: none (the default; add one with --crash 1, --cas-unknown 1, ...)"
     world = (
         f"{params['nodes']} processes (min_nodes {params['min_nodes']}, max_nodes "
         f"{params['max_nodes']}), {params['max_rounds']} rounds, {params['closes']} "
-        f"shutdown{'s' if params['closes'] != 1 else ''}"
+        f"shutdown{'s' if params['closes'] != 1 else ''}, "
+        f"{params['worker_failures']} worker failure{'s' if params['worker_failures'] != 1 else ''}"
+        " (the agents poll num_nodes_waiting() and restart as torch's do)"
     )
     if params["late_starts"]:
         world += ", every agent may start late"

@@ -56,15 +56,18 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from model_check.model import (
+    BEATING_PCS,
     CACHE_LIMIT,
+    Completion,
     IdentityCache,
+    Lane,
     ModelConfig,
     Pc,
     Proc,
     World,
     decode_cached,
 )
-from spec import NodeId, Phase, RendezvousState
+from spec import Local, NodeId, Phase, RendezvousState
 
 MAX_LEAVES = 40_320
 """Most leaves (complete labellings) the canonical search visits for one world: 8!, every
@@ -73,10 +76,19 @@ order of eight tied identities even without any pruning."""
 Label = Hashable
 
 ENCODED_FIELDS: dict[str, frozenset[str]] = {
-    "World": frozenset({"store", "procs", "used", "closes", "announced", "beats"}),
-    "Proc": frozenset(
-        {"ident", "pc", "local", "skew", "returned", "outcome", "beating", "late", "stood_by"}
+    "World": frozenset(
+        {
+            *("store", "procs", "used", "closes", "announced", "beats"),
+            *("worker_failures", "completion"),
+        }
     ),
+    "Proc": frozenset(
+        {
+            *("ident", "pc", "local", "control", "skew", "returned", "outcome", "beating"),
+            *("late", "stood_by"),
+        }
+    ),
+    "Completion": frozenset({"round", "world_size", "waiting"}),
     "Returned": frozenset({"round", "rank", "world_size"}),
     "RendezvousState": frozenset(
         {
@@ -132,15 +144,17 @@ def _store_record(state: RendezvousState, ranks: bool) -> _Record:
     return _Record(repr(("store", *_state_skeleton(state))), roles)
 
 
-def relevant_view(p: Proc, world: World, cfg: ModelConfig) -> bool:
-    """Whether ``p``'s local view (and token, cache time) can still influence anything.
+def relevant_view(p: Proc, world: World, cfg: ModelConfig, lane: Lane = Lane.MAIN) -> bool:
+    """Whether the local view (and token, cache time) of ``p``'s machine state ``lane``
+    can still influence anything.
 
     The machine throws its view away on the next read or CAS result, so a view matters
     only while it can be written back (dirty, or a pending CAS that may still apply) or
-    reused from the cache. Dropping irrelevant views from the encoding merges worlds with
-    identical futures (an exact abstraction; see docs/model_checker.md).
+    reused from the cache (by the next operation of that machine state, or handed to the
+    other one as what the node knows). Dropping irrelevant views from the encoding merges
+    worlds with identical futures (an exact abstraction; see docs/model_checker.md).
     """
-    local = p.local
+    local = p.local if lane is Lane.MAIN else p.control
     if p.pc in (Pc.CRASHED, Pc.ENDED):
         return False
     # A dirty view is written back with its token before anything else reads it; with a
@@ -151,55 +165,30 @@ def relevant_view(p: Proc, world: World, cfg: ModelConfig) -> bool:
     )
     if local.phase in (Phase.WAITING, Phase.WRITING):
         return written
-    if local.phase is Phase.IDLE and p.pc is Pc.MEMBER:
+    # Between calls (a member, or one whose shutdown runs on the control machine state)
+    # a view is reused only from the cache, by this machine state or the other one.
+    idle_between_calls = p.pc in BEATING_PCS or p.pc is Pc.CLOSING or lane is Lane.CONTROL
+    if local.phase is Phase.IDLE and idle_between_calls:
         fresh = local.synced_at is not None and local.synced_at >= -cfg.settings.cache_duration
         return written or (fresh and not local.dirty)
     return True
 
 
-def _proc_record(p: Proc, ranks: bool, keep_view: bool) -> _Record:
-    """``p`` as a record. Its own identity has role ``self``; a node its (relevant) view
-    lists, or its local liveness clock has an entry for, has the listing and the entry."""
-    local = p.local
-    r = p.returned
-    returned = None if r is None else (r.round, r.world_size, r.rank if ranks else None)
-    head = (int(p.pc), p.skew, returned, p.outcome, p.beating, p.late, p.stood_by)
-    if p.pc in (Pc.CRASHED, Pc.ENDED):
-        return _Record(repr(("proc", *head)), ((p.ident, "self"),))
-    view = local.view
-    listed = _members(view) if keep_view else set()
-    # The local liveness clock (hardened): what this node has seen and since when outlives
-    # any one read, so it is part of the world whether or not the view is.
-    seen = {n: (v, t) for n, v, t in local.seen_beats}
-    # Heartbeats under keys: the watched nodes' values and when first seen, likewise.
-    watch = {n: (v, t) for n, v, t in local.watch}
-    roles = tuple(
-        (
-            n,
-            repr(
-                (
-                    n == p.ident,
-                    n == local.node,
-                    _listing(view, n, ranks) if n in listed else None,
-                    seen.get(n),
-                    watch.get(n),
-                )
-            ),
-        )
-        for n in sorted(listed.union(seen, watch, (p.ident, local.node)))
-    )
+def _lane_skeleton(local: Local, keep_view: bool, lane: Lane) -> tuple[object, ...]:
+    """The identity-free fields of one machine state. An idle control machine state's
+    last-call sighting is left out: queries and closes never ask whether the last call
+    is over (no atom of theirs looks at it)."""
     if keep_view:
-        rest: tuple[object, ...] = (local.token, local.synced_at, _state_skeleton(view))
+        rest: tuple[object, ...] = (local.token, local.synced_at, _state_skeleton(local.view))
     else:
         rest = (local.token if local.phase is Phase.WAITING else None,)
-    skeleton = (
-        "proc",
-        *head,
-        local.seen_last_call,
+    return (
+        local.seen_last_call if lane is Lane.MAIN or local.op is not None else None,
         local.phase.value,
         None if local.op is None else local.op.value,
         local.dirty,
-        local.deadline,
+        # An operation's deadline means nothing once it ended: the next one sets its own.
+        None if local.op is None else local.deadline,
         local.announced,
         None if local.folding is None else local.folding.value,
         local.beats,
@@ -208,7 +197,62 @@ def _proc_record(p: Proc, ranks: bool, keep_view: bool) -> _Record:
         keep_view,
         *rest,
     )
+
+
+def _proc_record(p: Proc, ranks: bool, keep_view: bool, keep_control: bool) -> _Record:
+    """``p`` as a record. Its own identity has role ``self``; a node one of its (relevant)
+    views lists, or one of its local liveness clocks has an entry for, has the listings
+    and the entries."""
+    local, control = p.local, p.control
+    r = p.returned
+    returned = None if r is None else (r.round, r.world_size, r.rank if ranks else None)
+    head = (int(p.pc), p.skew, returned, p.outcome, p.beating, p.late, p.stood_by)
+    if p.pc in (Pc.CRASHED, Pc.ENDED):
+        return _Record(repr(("proc", *head)), ((p.ident, "self"),))
+    listed = _members(local.view) if keep_view else set()
+    listed_control = _members(control.view) if keep_control else set()
+    # The local liveness clock (hardened): what this node has seen and since when outlives
+    # any one read, so it is part of the world whether or not the view is.
+    seen = {n: (v, t) for n, v, t in local.seen_beats}
+    # The control machine state's own sightings matter only during an operation: each
+    # one starts from a copy of the main machine state's (StartOp.sightings).
+    seen_control = {n: (v, t) for n, v, t in control.seen_beats} if control.op else {}
+    # Heartbeats under keys: the watched nodes' values and when first seen, likewise.
+    watch = {n: (v, t) for n, v, t in local.watch}
+    everyone = listed.union(listed_control, seen, seen_control, watch)
+    roles = tuple(
+        (
+            n,
+            repr(
+                (
+                    n == p.ident,
+                    n == local.node,
+                    _listing(local.view, n, ranks) if n in listed else None,
+                    seen.get(n),
+                    watch.get(n),
+                    _listing(control.view, n, ranks) if n in listed_control else None,
+                    seen_control.get(n),
+                )
+            ),
+        )
+        for n in sorted(everyone.union((p.ident, local.node)))
+    )
+    skeleton = (
+        "proc",
+        *head,
+        *_lane_skeleton(local, keep_view, Lane.MAIN),
+        *_lane_skeleton(control, keep_control, Lane.CONTROL),
+    )
     return _Record(repr(skeleton), roles)
+
+
+def _completion_record(done: Completion) -> _Record:
+    """The ghost of the latest completion: its round and size; the nodes still waiting
+    then have role ``waiting``."""
+    return _Record(
+        repr(("completion", done.round, done.world_size)),
+        tuple((n, "waiting") for n in sorted(done.waiting)),
+    )
 
 
 def _announcements_record(announced: tuple[tuple[int, NodeId], ...]) -> _Record:
@@ -220,7 +264,7 @@ def _announcements_record(announced: tuple[tuple[int, NodeId], ...]) -> _Record:
     return _Record("('announced',)", tuple((n, repr(sorted(rounds[n]))) for n in sorted(rounds)))
 
 
-_RECORDS: dict[tuple[object, bool, bool], _Record] = {}
+_RECORDS: dict[tuple[object, bool, object], _Record] = {}
 """Records already built (processes and stores recur in many worlds); cleared when it
 holds :data:`CACHE_LIMIT` entries."""
 
@@ -234,7 +278,7 @@ _PLAIN: IdentityCache[bytes] = IdentityCache(CACHE_LIMIT)
 
 
 def _cached(
-    key: tuple[object, bool, bool], build: Callable[[], _Record], by_object: bool
+    key: tuple[object, bool, object], build: Callable[[], _Record], by_object: bool
 ) -> _Record:
     obj, ranks, keep = key
     if by_object:
@@ -274,11 +318,13 @@ def _records(
         if world.beats
         else None
     )
+    completion = None if world.completion is None else _completion_record(world.completion)
     procs = []
     for p in world.procs:
-        keep = relevant_view(p, world, cfg)
-        procs.append(_cached((p, ranks, keep), partial(_proc_record, p, ranks, keep), by_object))
-    return [store, announced, beats], procs
+        keep = (relevant_view(p, world, cfg), relevant_view(p, world, cfg, Lane.CONTROL))
+        build = partial(_proc_record, p, ranks, *keep)
+        procs.append(_cached((p, ranks, keep), build, by_object))
+    return [store, announced, beats, completion], procs
 
 
 def _labelled(rec: _Record, lab: Callable[[NodeId], Label]) -> tuple[object, ...]:
@@ -302,6 +348,7 @@ def plain_fingerprint(world: World, cfg: ModelConfig) -> bytes:
             tuple(_plain_digest(rec) for rec in procs),
             world.used,
             world.closes,
+            world.worker_failures,
         )
     )
 
@@ -489,7 +536,7 @@ class Canon:
 
     def fingerprint(self, world: World) -> bytes:
         fixed, procs = _records(world, self.cfg, False)
-        key = (*fixed, *procs, world.used, world.closes)
+        key = (*fixed, *procs, world.used, world.closes, world.worker_failures)
         fp = self.cache.get(key)
         if fp is None:
             if len(self.cache) >= CACHE_LIMIT:
@@ -510,4 +557,4 @@ class Canon:
             self.permuted += 1
         if search.leaves >= MAX_LEAVES:
             self.fallbacks += 1
-        return (canon_fixed, canon_procs, world.used, world.closes)
+        return (canon_fixed, canon_procs, world.used, world.closes, world.worker_failures)

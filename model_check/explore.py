@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from model_check.canon import Canon, plain_fingerprint
 from model_check.model import (
     CALLS_END,
+    CONTROL_MOVES,
     ENDED_WRONGLY,
     FAULT_KINDS,
     LIVELOCK,
@@ -137,7 +138,7 @@ def explore(
                 child, new = graph.add(fp_of(out.world), here, move)
                 if calm_edge:
                     graph.calm_dst.append(child)
-                if move.kind != "tick":
+                if move.kind not in _STUTTER_MOVES:
                     graph.timeless_dst.append(child)
                 if not new:
                     continue
@@ -206,8 +207,14 @@ def explore(
 
 _FAULT_MOVES = frozenset(
     {*FAULT_KINDS, "cas_unknown_applied", "cas_unknown_lost"} - {"cas_unknown"}
+    | {CONTROL_MOVES[k] for k in ("cas_unknown_applied", "cas_unknown_lost", "store_down")}
+    | {"fail_worker"}
 )
-"""Move kinds that inject a fault."""
+"""Move kinds that inject a fault, or a worker failure (which no call needs to end)."""
+
+_STUTTER_MOVES = frozenset({"tick", "poll"})
+"""Move kinds left out of the livelock check's graph: time passing, and an agent's poll
+(what every agent does while its workers run: a cycle of polls is no livelock)."""
 
 
 def calls_end_violation(problems: list[str]) -> Violation:
@@ -468,10 +475,12 @@ process read before any writes, so only one write per pass wins and a tick costs
 moves (hardened, N = 64 with every fault, 3,000 moves: 8,440 moves of continuation
 against 465; N = 256 did not settle within 64,000)."""
 
-_SETTLE_KINDS = ("io", "wake", "start", "tick")
-"""Moves of the continuation, in order of preference: serve processes before starting
-new ones, and let time pass only when nobody can move (no shutdown: a close would end
-every call legitimately and hide a stuck one)."""
+_SETTLE_KINDS = ("io", "ctl_io", "wake", "start", "poll", "tick")
+"""Moves of the continuation, in order of preference: serve processes (either machine
+state) before starting new ones, let each member poll once between ticks (the agent's
+monitor loop), and let time pass only when nobody can move (no shutdown: a close would
+end every call legitimately and hide a stuck one; no worker failure: it is a fault of
+the workload)."""
 
 
 def _check_end(
@@ -494,6 +503,8 @@ def _check_end(
     extra: list[Move] = []
     turn = run = 0
     ticked = False
+    polled: set[int] = set()
+    """Members that polled since the last tick (each polls once per tick)."""
     visited: set[tuple[bytes, int]] = set()
     """Worlds right after a tick (a cycle of the continuation passes one, unless it is a
     livelock, which then runs into the bound)."""
@@ -522,7 +533,11 @@ def _check_end(
             return True
         if key is not None:
             visited.add(key)
-        moves = [m for m in enabled(world, cfg) if m.kind in _SETTLE_KINDS]
+        moves = [
+            m
+            for m in enabled(world, cfg)
+            if m.kind in _SETTLE_KINDS and not (m.kind == "poll" and m.slot in polled)
+        ]
         if not moves:
             decided()
             result.violation = calls_end_violation(problems)
@@ -535,7 +550,10 @@ def _check_end(
         # again from slot 0, so the scheduler's state right after a tick is fixed.
         if move.kind == "tick":
             turn, run = 0, 0
+            polled.clear()
         else:
+            if move.kind == "poll":
+                polled.add(move.slot)
             run = run + 1 if move.slot == turn else 1
             turn = move.slot
             if run >= RUN_MOVES:
@@ -562,8 +580,9 @@ def settle_limit(processes: int) -> int:
 
 def _round_robin(moves: list[Move], turn: int, nodes: int) -> Move:
     """The first process move at or after slot ``turn`` (wrapping), preferring io and wake
-    over start; a tick only if nothing else is enabled."""
-    for kinds in (("io", "wake"), ("start",)):
+    (of either machine state) over start, and start over a poll; a tick only if nothing
+    else is enabled."""
+    for kinds in (("io", "ctl_io", "wake"), ("start",), ("poll",)):
         picks = [m for m in moves if m.kind in kinds]
         if picks:
             return min(picks, key=lambda m: (m.slot - turn) % nodes)
@@ -634,7 +653,7 @@ def on_timeless_cycle(world: World, cfg: ModelConfig) -> list[Move] | None:
         current, fp = queue.popleft()
         seen += 1
         for move in enabled(current, cfg):
-            if move.kind == "tick":
+            if move.kind in _STUTTER_MOVES:
                 continue
             out = apply(current, move, cfg)
             child = canon.fingerprint(out.world)

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Hashable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass, field, fields, replace
 from typing import Generic, TypeVar
 
 import spec
@@ -88,31 +88,56 @@ chain into each other: exit, join, keep-alive, query); exceeding it raises."""
 
 
 class Pc(enum.IntEnum):
-    """Where a process is in its agent-like workload."""
+    """Where a process's agent is in torch's elastic agent workload.
+
+    The agent runs in one thread: it calls ``next_rendezvous`` and, once that returned and
+    its workers run, polls ``num_nodes_waiting()``; it calls ``next_rendezvous`` again when
+    the count is above 0 or its workers fail. Beside it the handler's keep-alive thread
+    runs the keep-alive op once per interval on the process's main machine state (see
+    :class:`Proc`), from the moment ``next_rendezvous`` returned until the next call or
+    ``shutdown`` stops it (both wait for a keep-alive in flight to end first)."""
 
     NEW = 0
     """Not started yet (a late arrival may start at any time)."""
     RDZV = 1
-    """Inside next_rendezvous (exit op, then join op)."""
+    """Inside next_rendezvous (exit op, then join op), or about to enter it once the
+    keep-alive in flight has ended."""
     MEMBER = 2
-    """Returned from next_rendezvous; idle until its heartbeat timer fires."""
-    KEEP_ALIVE = 3
-    """Running the heartbeat (keep-alive op)."""
-    POLL = 4
-    """Running num_nodes_waiting (query op) after a heartbeat."""
-    CLOSING = 5
-    """Running shutdown (close op)."""
-    ENDED = 6
+    """Returned from next_rendezvous; its workers run, it may poll at any moment."""
+    POLL = 3
+    """Running num_nodes_waiting (query op on the control machine state)."""
+    CLOSING = 4
+    """Running shutdown (close op on the control machine state), or about to once the
+    keep-alive in flight has ended."""
+    ENDED = 5
     """Finished: see ``outcome``."""
-    CRASHED = 7
+    CRASHED = 6
     """Stopped silently."""
 
 
-LIVE_PCS = frozenset({Pc.RDZV, Pc.MEMBER, Pc.KEEP_ALIVE, Pc.POLL})
+LIVE_PCS = frozenset({Pc.RDZV, Pc.MEMBER, Pc.POLL})
 """Processes that keep their heartbeat fresh (and so must never be evicted)."""
 
 HALTED_PCS = frozenset({Pc.NEW, Pc.ENDED, Pc.CRASHED})
 """Processes that run nothing: not started, ended or crashed."""
+
+BEATING_PCS = frozenset({Pc.MEMBER, Pc.POLL})
+"""Processes whose keep-alive timer runs (a tick starts their keep-alive op)."""
+
+
+AGENT_WORKLOAD = "agent"
+TICKS_WORKLOAD = "ticks"
+WORKLOADS = (AGENT_WORKLOAD, TICKS_WORKLOAD)
+"""The agent workloads the model offers (:attr:`ModelConfig.workload`)."""
+
+
+class Lane(enum.IntEnum):
+    """A process's two machine states, as the real handler keeps them."""
+
+    MAIN = 0
+    """exit, join and keep-alive (``Proc.local``)."""
+    CONTROL = 1
+    """queries and closes (``Proc.control``), which never wait for the main one."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +177,20 @@ class ModelConfig:
     keep_alive_max_attempt: int = 3
     max_rounds: int = 2
     closes: int = 1
+    worker_failures: int = 1
+    """How many times, in all, a member's workers may fail (the agent then calls
+    next_rendezvous again at once, whatever the count of waiting nodes)."""
+    workload: str = "agent"
+    """``"agent"``: torch's agent, which polls num_nodes_waiting() at any moment while its
+    workers run (every interleaving of a poll with everything else). ``"ticks"``: each
+    member polls once per tick, right after its keep-alive: far fewer interleavings (an
+    under-approximation: it finds fewer counterexamples, but every one is real), for
+    large N and for the checker's own tests."""
+    share_views: bool = True
+    """An operation starts from the view of the process's other machine state when that
+    one is newer (``StartOp.known``), as the handler does. Off: the planted handler bug
+    of rdzv before that fix (a query counted from a cache older than the round its
+    process had just joined)."""
     faults: Faults = field(default_factory=Faults)
     skew_ticks: int = 0
     """Wall-clock offset of process 0 (it runs this many ticks ahead of the others)."""
@@ -270,6 +309,10 @@ class Proc:
     ident: NodeId
     pc: Pc
     local: Local
+    """The main machine state: exit, join and keep-alive."""
+    control: Local
+    """The control machine state: queries and closes (the handler keeps one of its own, so
+    that they never wait for a join)."""
     skew: int = 0
     returned: Returned | None = None
     outcome: str = ""
@@ -280,6 +323,28 @@ class Proc:
     stood_by: bool = False
     """Its current join withdrew from the wait list at the deadline: it waited as a late
     node for a round that stayed complete (and full of others) until then."""
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False, hash=False)
+
+    def __hash__(self) -> int:
+        # Computed once per value: explorations hash the same processes many times.
+        cached = self._hash
+        if cached is None:
+            cached = hash(tuple(getattr(self, name) for name in _PROC_FIELDS))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+
+_PROC_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Proc) if f.init)
+
+
+def evolve_proc(p: Proc, **changes: object) -> Proc:
+    """``p`` with ``changes`` (:func:`dataclasses.replace`, several times faster)."""
+    assert changes.keys() <= set(_PROC_FIELDS), sorted(changes.keys() - set(_PROC_FIELDS))
+    new = object.__new__(Proc)
+    for name in _PROC_FIELDS:
+        object.__setattr__(new, name, changes[name] if name in changes else getattr(p, name))
+    object.__setattr__(new, "_hash", None)
+    return new
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,10 +359,24 @@ class World:
     """The announcement sets (announcing variants): sorted (round, node) pairs."""
     beats: tuple[tuple[NodeId, bytes], ...] = ()
     """The heartbeat keys (heartbeats under keys): sorted (node, value) pairs."""
+    worker_failures: int = 0
+    """Worker failures so far (members that called next_rendezvous again at once)."""
+    completion: Completion | None = None
+    """Ghost (checks only): the latest round completed in the store."""
 
     @property
     def faults_used(self) -> int:
         return sum(self.used)
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """Ghost record of the latest completion written to the store (for the checks only):
+    the round, its world size, and who was still on its wait list."""
+
+    round: int
+    world_size: int
+    waiting: tuple[NodeId, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,8 +403,14 @@ QUORUM_NEVER_COMPLETES = "quorum_never_completes"
 DEAD_MEMBER_UNREPORTED = "dead_member_unreported"
 CALLS_END = "calls_end_as_specified"
 LIVELOCK = "livelock"
+COUNT_REFLECTS_ROUND = "count_reflects_round"
+ROUND_END_REPORTED = "round_end_reported"
+RESTART_HAS_CAUSE = "restart_has_cause"
 MODEL_PROPERTIES = (
     COMPLETE_ROUND_NOT_EMPTY,
+    COUNT_REFLECTS_ROUND,
+    RESTART_HAS_CAUSE,
+    ROUND_END_REPORTED,
     RETURN_IS_MEMBER,
     WORLD_SIZE_IN_RANGE,
     RANK_IN_RANGE,
@@ -438,7 +523,7 @@ def initial_world(cfg: ModelConfig) -> World:
     for slot in range(cfg.nodes):
         ident = node_id(0 if (cfg.duplicate_identity and slot == 1) else slot)
         late = cfg.late_starts or slot >= cfg.nodes - cfg.late
-        procs.append(Proc(ident, Pc.NEW, Local(ident), cfg.skew_of(slot), late=late))
+        procs.append(Proc(ident, Pc.NEW, Local(ident), Local(ident), cfg.skew_of(slot), late=late))
     return World(None, tuple(procs))
 
 
@@ -460,13 +545,31 @@ _IO_PHASES = frozenset(
 )
 
 
-def _can_progress(world: World, p: Proc) -> bool:
-    if p.pc in (Pc.NEW, Pc.MEMBER, Pc.ENDED, Pc.CRASHED):
-        return False
-    phase = p.local.phase
+def _lane_can_progress(world: World, local: Local) -> bool:
+    phase = local.phase
     if phase in _IO_PHASES:
         return True
-    return phase is Phase.WAITING and p.local.token != _store_token(world)
+    return phase is Phase.WAITING and local.token != _store_token(world)
+
+
+def _can_progress(world: World, p: Proc) -> bool:
+    """Whether ``p``'s main machine state can move without time passing."""
+    return p.pc not in HALTED_PCS and _lane_can_progress(world, p.local)
+
+
+def _control_can_progress(world: World, p: Proc) -> bool:
+    """Whether ``p``'s control machine state can move (it never waits on a timer)."""
+    return p.pc not in HALTED_PCS and _lane_can_progress(world, p.control)
+
+
+CONTROL_MOVES = {
+    "io": "ctl_io",
+    "cas_unknown_applied": "ctl_cas_unknown_applied",
+    "cas_unknown_lost": "ctl_cas_unknown_lost",
+    "store_down": "ctl_store_down",
+}
+"""The moves of the control machine state, by the name of the main one's."""
+MAIN_MOVES = {ctl: main for main, ctl in CONTROL_MOVES.items()}
 
 
 def enabled(world: World, cfg: ModelConfig) -> list[Move]:
@@ -476,18 +579,25 @@ def enabled(world: World, cfg: ModelConfig) -> list[Move]:
     used = dict(zip(FAULT_KINDS, world.used, strict=True))
     budget = cfg.faults
     for slot, p in enumerate(world.procs):
-        if _can_progress(world, p):
+        for local, names in ((p.local, None), (p.control, CONTROL_MOVES)):
+            if p.pc in HALTED_PCS or not _lane_can_progress(world, local):
+                continue
             blocked = False
-            moves.append(Move("wake" if p.local.phase is Phase.WAITING else "io", slot))
-            if p.local.phase is Phase.WRITING and used["cas_unknown"] < budget.cas_unknown:
-                moves.append(Move("cas_unknown_applied", slot))
-                moves.append(Move("cas_unknown_lost", slot))
-            if p.local.phase is not Phase.WAITING and used["store_down"] < budget.store_down:
-                moves.append(Move("store_down", slot))
+            kinds = ["wake"] if local.phase is Phase.WAITING else ["io"]
+            if local.phase is Phase.WRITING and used["cas_unknown"] < budget.cas_unknown:
+                kinds += ["cas_unknown_applied", "cas_unknown_lost"]
+            if local.phase is not Phase.WAITING and used["store_down"] < budget.store_down:
+                kinds.append("store_down")
+            moves.extend(Move(k if names is None else names[k], slot) for k in kinds)
         if p.pc is Pc.NEW:
             moves.append(Move("start", slot))
-        if p.pc is Pc.MEMBER and world.closes < cfg.closes:
-            moves.append(Move("shutdown", slot))
+        if p.pc is Pc.MEMBER:
+            if cfg.workload == AGENT_WORKLOAD:
+                moves.append(Move("poll", slot))
+            if world.worker_failures < cfg.worker_failures:
+                moves.append(Move("fail_worker", slot))
+            if world.closes < cfg.closes:
+                moves.append(Move("shutdown", slot))
         if p.pc not in HALTED_PCS and used["crash"] < budget.crash:
             moves.append(Move("crash", slot))
         if p.pc is Pc.CRASHED:
@@ -577,50 +687,61 @@ def forget_stale_sightings(
     def forgotten(now_dead: bool, node: NodeId, value: int, at: int) -> bool:
         return dead(node, value, at) or (now_dead and at == 0 and value != STALE_SIGHTING)
 
-    out = list(procs)
-    for slot, p in enumerate(procs):
-        seen = p.local.seen_beats
-        if not seen or p.pc in (Pc.CRASHED, Pc.ENDED):
-            continue
-        if changed is not None and before is not None and p is before.procs[slot]:
+    def forget(
+        seen: tuple[tuple[NodeId, int, int], ...], unchanged: bool, now_dead: bool
+    ) -> tuple[tuple[NodeId, int, int], ...] | None:
+        """The sightings without their dead entries, or None if none is dead."""
+        if unchanged and changed is not None:
             # Unchanged, with the same faults left: only entries of changed nodes can
             # have died since ``before``.
             values = _SIGHTED.get(seen)
             if values is None:
                 values = _SIGHTED.put(seen, {n: (v, at) for n, v, at in seen}, weight=len(seen))
             if not any(n in values and dead(n, *values[n]) for n in changed):
-                continue
+                return None
             now_dead = False
-        else:
-            now_dead = reads_before_tick(p, used, cfg)
         if not any(forgotten(now_dead, n, v, at) for n, v, at in seen):
-            continue
-        kept = tuple(
+            return None
+        return tuple(
             (n, STALE_SIGHTING, STALE_SIGHTING) if forgotten(now_dead, n, v, at) else (n, v, at)
             for n, v, at in seen
         )
-        out[slot] = replace(p, local=replace(p.local, seen_beats=kept))
+
+    out = list(procs)
+    for slot, p in enumerate(procs):
+        if p.pc in (Pc.CRASHED, Pc.ENDED):
+            continue
+        unchanged = before is not None and p is before.procs[slot]
+        lanes: dict[str, Local] = {}
+        for name, lane in (("local", Lane.MAIN), ("control", Lane.CONTROL)):
+            local = p.local if lane is Lane.MAIN else p.control
+            if not local.seen_beats:
+                continue
+            kept = forget(local.seen_beats, unchanged, reads_before_tick(p, lane, used, cfg))
+            if kept is not None:
+                lanes[name] = spec.evolve(local, seen_beats=kept)
+        if lanes:
+            out[slot] = evolve_proc(p, **lanes)
     return tuple(out)
 
 
-def reads_before_tick(p: Proc, used: tuple[int, ...], cfg: ModelConfig) -> bool:
-    """Whether ``p``'s next look at its heartbeat sightings is a read (or compare-and-set
-    answer) served before time next advances, in every future: its read or write is
-    pending (time waits for it), and injected faults cannot make it fail into a later
-    read instead. A failure ends a ``next_rendezvous`` or ``shutdown`` call and with it
-    the process. One in a poll leaves an idle member, which reads after the tick. One in
-    a keep-alive's write starts the poll at once, with the view still to be written, so
-    a second fault is needed: a writing keep-alive qualifies while fewer than two of the
-    faults that hit a pending store call (``--cas-unknown``, ``--store-down``) are left,
-    any other call while none is."""
-    if p.local.phase not in (Phase.READING, Phase.WRITING):
+def reads_before_tick(p: Proc, lane: Lane, used: tuple[int, ...], cfg: ModelConfig) -> bool:
+    """Whether the next look of ``p``'s machine state ``lane`` at its heartbeat sightings
+    is a read (or compare-and-set answer) served before time next advances, in every
+    future: its read or write is pending (time waits for it), and injected faults cannot
+    make it fail into a later read instead. A failure ends a ``next_rendezvous`` or
+    ``shutdown`` call and with it the process; one in a keep-alive or a poll leaves that
+    machine state idle, to read again only at its next operation, perhaps after the tick,
+    so those qualify only while no fault that hits a pending store call
+    (``--cas-unknown``, ``--store-down``) is left."""
+    local = p.local if lane is Lane.MAIN else p.control
+    if local.phase not in (Phase.READING, Phase.WRITING):
         return False
-    if p.pc in (Pc.RDZV, Pc.CLOSING):
+    if local.op in (Op.EXIT, Op.JOIN, Op.CLOSE):
         return True
     faults = cfg.faults
     left = max(0, faults.cas_unknown - used[3]) + max(0, faults.store_down - used[4])
-    writing_keep_alive = p.pc is Pc.KEEP_ALIVE and p.local.phase is Phase.WRITING
-    return left < (2 if writing_keep_alive else 1)
+    return left == 0
 
 
 def overwrites_before_tick(p: Proc, used: tuple[int, ...], cfg: ModelConfig) -> bool:
@@ -635,7 +756,8 @@ def overwrites_before_tick(p: Proc, used: tuple[int, ...], cfg: ModelConfig) -> 
     prune itself from its view, find no heartbeat due and write none."""
     faults = cfg.faults
     return (
-        p.pc is Pc.KEEP_ALIVE
+        p.pc not in HALTED_PCS
+        and p.local.op is Op.KEEP_ALIVE
         and p.local.phase is Phase.WRITING
         and used[0] >= faults.crash
         and used[3] >= faults.cas_unknown
@@ -699,8 +821,8 @@ def forget_stale_watch(world: World, cfg: ModelConfig) -> World:
         if watch is local.watch and beat_at == local.beat_at and watched_at == local.watched_at:
             procs.append(p)
             continue
-        changed = replace(local, watch=watch, beat_at=beat_at, watched_at=watched_at)
-        procs.append(replace(p, local=changed))
+        changed = spec.evolve(local, watch=watch, beat_at=beat_at, watched_at=watched_at)
+        procs.append(evolve_proc(p, local=changed))
     if all(a is b for a, b in zip(procs, world.procs, strict=True)):
         return world
     return replace(world, procs=tuple(procs))
@@ -735,7 +857,7 @@ def forget_stale_announcement(world: World, cfg: ModelConfig) -> World:
         else:
             procs.append(p)
             continue
-        procs.append(replace(p, local=replace(p.local, announced=kept)))
+        procs.append(evolve_proc(p, local=spec.evolve(p.local, announced=kept)))
     if all(a is b for a, b in zip(procs, world.procs, strict=True)):
         return world
     return replace(world, procs=tuple(procs))
@@ -781,7 +903,7 @@ def rotate_beat_values(world: World, modulus: int = BEAT_MODULUS) -> World:
             procs.append(p)
             continue
         beats = local.beats if k is None else (local.beats - k) % modulus
-        procs.append(replace(p, local=replace(local, beats=beats, watch=watch)))
+        procs.append(evolve_proc(p, local=spec.evolve(local, beats=beats, watch=watch)))
     keys = tuple(
         (n, v if n not in shift else str((int(v) - shift[n]) % modulus).encode("ascii"))
         for n, v in world.beats
@@ -802,6 +924,8 @@ class _Run:
         self.closes = world.closes
         self.announced = world.announced
         self.beats = world.beats
+        self.worker_failures = world.worker_failures
+        self.completion = world.completion
         self.faults_before = world.faults_used
         self.fuse_reads = cfg.fuse_reads
         self.notes: list[str] = []
@@ -822,6 +946,8 @@ class _Run:
             self.closes,
             self.announced,
             self.beats,
+            self.worker_failures,
+            self.completion,
         )
         if self.cfg.forgets_stale_watch:
             world = forget_stale_watch(world, self.cfg)
@@ -840,14 +966,25 @@ class _Run:
     def violate(self, name: str, message: str) -> None:
         self.violations.append(Violation(name, message))
 
-    # -- store ------------------------------------------------------------------------
-    def serve_io(self, slot: int) -> None:
+    def lane(self, slot: int, lane: Lane) -> Local:
         p = self.procs[slot]
-        local = p.local
+        return p.local if lane is Lane.MAIN else p.control
+
+    def set_lane(self, slot: int, lane: Lane, local: Local) -> None:
+        p = self.procs[slot]
+        if lane is Lane.MAIN:
+            self.procs[slot] = evolve_proc(p, local=local)
+        else:
+            self.procs[slot] = evolve_proc(p, control=local)
+
+    # -- store ------------------------------------------------------------------------
+    def serve_io(self, slot: int, lane: Lane = Lane.MAIN) -> None:
+        p = self.procs[slot]
+        local = self.lane(slot, lane)
         now = self.now(p)
         if local.phase is Phase.READING:
             token = None if self.store is None else 1
-            self.feed(slot, ReadResult(self.store, token, now))
+            self.feed(slot, ReadResult(self.store, token, now), lane)
             return
         if local.phase is Phase.ANNOUNCING:
             entry = (local.view.round, p.ident)
@@ -856,7 +993,7 @@ class _Run:
                 self.note(f"announcements <- {p.ident} in round {local.view.round}")
                 self.writes.append((f"announcements/{local.view.round}", "add", str(p.ident)))
             size = sum(1 for r, _ in self.announced if r == local.view.round)
-            self.feed(slot, Announced(size, now))
+            self.feed(slot, Announced(size, now), lane)
             return
         if local.phase is Phase.BEATING:
             value = str(spec.next_beat(local, self.mcfg)).encode("ascii")
@@ -864,17 +1001,17 @@ class _Run:
             self.beats = tuple(sorted((*others, (p.ident, value))))
             self.writes.append((f"heartbeat/{p.ident}", "set", value.decode("ascii")))
             if not p.beating:
-                self.procs[slot] = replace(p, beating=True)
-            self.feed(slot, Beaten(now))
+                self.procs[slot] = evolve_proc(p, beating=True)
+            self.feed(slot, Beaten(now), lane)
             return
         if local.phase is Phase.WATCHING:
             table = dict(self.beats)
             nodes = spec.watched(local.view, p.ident)
-            self.feed(slot, BeatValues(tuple(table.get(n) for n in nodes), now))
+            self.feed(slot, BeatValues(tuple(table.get(n) for n in nodes), now), lane)
             return
         if local.phase is Phase.READING_ANNOUNCED:
             members = tuple(spec.encode_node(n) for r, n in self.announced if r == local.view.round)
-            self.feed(slot, AnnouncedMembers(members, now))
+            self.feed(slot, AnnouncedMembers(members, now), lane)
             return
         if local.phase is Phase.WITHDRAWING:
             entry = (local.view.round, p.ident)
@@ -882,18 +1019,18 @@ class _Run:
                 self.announced = tuple(e for e in self.announced if e != entry)
                 self.note(f"announcements -> {p.ident} out of round {local.view.round}")
                 self.writes.append((f"announcements/{local.view.round}", "remove", str(p.ident)))
-            self.feed(slot, Withdrawn(now))
+            self.feed(slot, Withdrawn(now), lane)
             return
         assert local.phase is Phase.WRITING
         request = CompareAndSet(self.mcfg.key, encode_cached(local.view), local.token)
         current = None if self.store is None else 1
         ok = request.token == current or self.cfg.cas_ignores_token
         if ok:
-            self.write(slot, request.data)
+            self.write(slot, request.data, lane)
         token = None if self.store is None else 1
-        self.feed(slot, CasResult(self.store, token, ok, now))
+        self.feed(slot, CasResult(self.store, token, ok, now), lane)
 
-    def write(self, slot: int, data: bytes) -> None:
+    def write(self, slot: int, data: bytes, lane: Lane = Lane.MAIN) -> None:
         before = EMPTY_STATE if self.store is None else decode_cached(self.store)
         after = decode_cached(data)
         for name, message in spec.check_step(before, after, self.cfg.settings):
@@ -904,36 +1041,44 @@ class _Run:
                 f"round {after.round} is complete with no participants: no node can finish, "
                 "join or advance it (the round epilogue did not run)",
             )
+        if after.complete and (not before.complete or before.round != after.round):
+            self.completion = Completion(after.round, after.num_participants, after.wait_list)
         self.store = data
         # "Keeping its heartbeat" means the writer's own heartbeat reached the store fresh
         # (a write that merely carries an old value does not count).
         me = self.procs[slot].ident
         mine = after.heartbeat_of(me)
         if mine is not None and mine != before.heartbeat_of(me) and not self.procs[slot].beating:
-            self.procs[slot] = replace(self.procs[slot], beating=True)
-        # Every token other processes hold is now stale (the writer gets its CasResult).
+            self.procs[slot] = evolve_proc(self.procs[slot], beating=True)
+        # Every token other machine states hold is now stale (the writer gets its CasResult).
         for i, q in enumerate(self.procs):
-            if i != slot and q.local.token != 0:
-                self.procs[i] = replace(q, local=replace(q.local, token=0))
+            if q.local.token != 0 and not (i == slot and lane is Lane.MAIN):
+                q = evolve_proc(q, local=spec.evolve(q.local, token=0))
+            if q.control.token != 0 and not (i == slot and lane is Lane.CONTROL):
+                q = evolve_proc(q, control=spec.evolve(q.control, token=0))
+            self.procs[i] = q
         text = _describe(after)
         self.note(f"store <- {text}")
         self.writes.append(("state", "set", text))
 
     # -- the machine --------------------------------------------------------------------
-    def feed(self, slot: int, event: spec.Event) -> None:
-        """Feed one event, then keep the node going until it needs the store or a timer."""
+    def feed(self, slot: int, event: spec.Event, lane: Lane = Lane.MAIN) -> None:
+        """Feed one event to one machine state of a process, then keep the process going
+        until it needs the store or a timer (an operation that ends may start another,
+        on either machine state)."""
         for _ in range(MAX_LOCAL_STEPS):
             p = self.procs[slot]
-            op = event.op if isinstance(event, StartOp) else p.local.op
-            result = spec.step(p.local, event, self.mcfg)
-            local = result.local
-            p = replace(p, local=local)
-            self.procs[slot] = p
+            local = self.lane(slot, lane)
+            op = event.op if isinstance(event, StartOp) else local.op
+            result = spec.step(local, event, self.mcfg)
+            self.set_lane(slot, lane, result.local)
+            p = self.procs[slot]
             if result.pruned:
                 self.on_pruned(slot, result.pruned)
             if result.action is not None:
                 table = op.value if op else "?"
-                self.note(f"{p.ident}: {table} row {result.row} -> {result.action.value}")
+                where = "" if lane is Lane.MAIN else " (control)"
+                self.note(f"{p.ident}: {table} row {result.row} -> {result.action.value}{where}")
                 number = -1 if result.row is None else result.row
                 self.rows.append((str(p.ident), table, number, result.action.value))
                 self.on_action(slot, result.action, op)
@@ -954,21 +1099,69 @@ class _Run:
                 | ReadBeats,
             ):
                 return
-            nxt = self.after_op(slot, request)
+            nxt = self.after_op(slot, lane, request)
             if nxt is None:
                 return
-            event = nxt
+            lane, event = nxt
         raise RuntimeError(f"process {slot} took more than {MAX_LOCAL_STEPS} steps in one move")
 
-    def after_op(self, slot: int, request: Done | Fail) -> StartOp | None:
-        """The workload: what the process does once an operation ends."""
+    def start_op(
+        self, slot: int, lane: Lane, op: Op, ticks: int = 0, deadline: int | None = None
+    ) -> StartOp:
+        """The event that starts ``op`` on machine state ``lane`` of process ``slot``, to
+        end ``ticks`` from now (or at ``deadline``), as the handler builds it: the control
+        machine state borrows the main one's liveness clock, and either starts from the
+        other's view when it is newer (unless ``share_views`` is off)."""
         p = self.procs[slot]
         now = self.now(p)
-        t = self.cfg.tick_ms
+        if deadline is None:
+            deadline = now.mono + ticks * self.cfg.tick_ms
+        peer = p.control if lane is Lane.MAIN else p.local
+        sightings = None if lane is Lane.MAIN else p.local.seen_beats
+        known = spec.known_of(peer) if self.cfg.share_views else None
+        return StartOp(op, deadline, now, sightings, known)
+
+    def start_poll(self, slot: int) -> tuple[Lane, StartOp]:
+        """The agent calls num_nodes_waiting() (a query on the control machine state)."""
+        self.set(slot, pc=Pc.POLL)
+        self.note(f"{self.procs[slot].ident}: calls num_nodes_waiting")
+        return Lane.CONTROL, self.start_op(slot, Lane.CONTROL, Op.QUERY, self.cfg.close_ticks)
+
+    def start_rdzv(self, slot: int) -> tuple[Lane, StartOp] | None:
+        """The agent calls next_rendezvous: the handler first stops the keep-alive timer
+        (waiting for a keep-alive in flight to end), then runs the exit op."""
+        p = self.procs[slot]
+        self.set(slot, pc=Pc.RDZV, stood_by=False)
+        if p.local.op is not None:
+            return None  # the keep-alive in flight ends first (after_op starts the exit)
+        return Lane.MAIN, self.start_op(slot, Lane.MAIN, Op.EXIT, self.cfg.join_ticks)
+
+    def start_close(self, slot: int) -> tuple[Lane, StartOp] | None:
+        """The agent calls shutdown: heartbeats stop for good (a keep-alive in flight ends
+        first), then the close op runs on the control machine state."""
+        p = self.procs[slot]
+        self.set(slot, pc=Pc.CLOSING)
+        if p.local.op is not None:
+            return None  # the keep-alive in flight ends first (after_op starts the close)
+        return Lane.CONTROL, self.start_op(slot, Lane.CONTROL, Op.CLOSE, self.cfg.close_ticks)
+
+    def after_op(self, slot: int, lane: Lane, request: Done | Fail) -> tuple[Lane, StartOp] | None:
+        """The workload: what the process does once an operation ends."""
+        p = self.procs[slot]
         failed = isinstance(request, Fail)
         kind = request.kind.value if isinstance(request, Fail) else ""
         if failed:
             self.note(f"{p.ident}: {request.op.value} failed: {kind}")
+        if request.op is Op.KEEP_ALIVE:
+            # A failed heartbeat is logged and ignored (the timer fires again); a
+            # next_rendezvous or shutdown that waited for this keep-alive goes on now.
+            if p.pc is Pc.RDZV:
+                return self.start_rdzv(slot)
+            if p.pc is Pc.CLOSING:
+                return self.start_close(slot)
+            if p.pc is Pc.MEMBER and self.cfg.workload == TICKS_WORKLOAD:
+                return self.start_poll(slot)
+            return None
         if p.pc is Pc.RDZV:
             if failed:
                 outcome = f"next_rendezvous raised {kind}"
@@ -984,27 +1177,23 @@ class _Run:
                 return None
             if request.op is Op.EXIT:
                 # The join op shares next_rendezvous's deadline, kept in local.deadline.
-                return StartOp(Op.JOIN, p.local.deadline, now)
+                return Lane.MAIN, self.start_op(slot, Lane.MAIN, Op.JOIN, deadline=p.local.deadline)
             self.on_return(slot)
             self.set(slot, pc=Pc.MEMBER)
             return None
-        if p.pc is Pc.KEEP_ALIVE:
-            # A failed heartbeat is logged and ignored by the agent; it still polls.
-            self.set(slot, pc=Pc.POLL)
-            return StartOp(Op.QUERY, now.mono + self.cfg.heartbeat_ticks * t, now)
         if p.pc is Pc.POLL:
             if failed:
                 self.set(slot, pc=Pc.MEMBER)
                 return None
-            view = p.local.view
-            self.on_poll(slot)
+            view = p.control.view
+            count = self.count(p)
+            self.on_poll(slot, count)
             if view.closed:
                 self.set(slot, pc=Pc.ENDED, outcome="saw the rendezvous closed")
                 return None
-            if view.wait_list and view.round + 1 < self.cfg.max_rounds:
-                self.note(f"{p.ident}: num_nodes_waiting={len(view.wait_list)}: re-rendezvous")
-                self.set(slot, pc=Pc.RDZV, stood_by=False)
-                return StartOp(Op.EXIT, now.mono + self.cfg.join_ticks * t, now)
+            if count and view.round + 1 < self.cfg.max_rounds:
+                self.note(f"{p.ident}: num_nodes_waiting={count}: re-rendezvous")
+                return self.start_rdzv(slot)
             self.set(slot, pc=Pc.MEMBER)
             return None
         if p.pc is Pc.CLOSING:
@@ -1030,7 +1219,7 @@ class _Run:
         )
 
     def set(self, slot: int, **changes: object) -> None:
-        self.procs[slot] = replace(self.procs[slot], **changes)  # type: ignore[arg-type]
+        self.procs[slot] = evolve_proc(self.procs[slot], **changes)
 
     # -- checks ---------------------------------------------------------------------------
     def on_pruned(self, slot: int, pruned: tuple[NodeId, ...]) -> None:
@@ -1050,7 +1239,7 @@ class _Run:
         already running times out before that last call ends, with a quorum present."""
         p = self.procs[slot]
         if action is Action.REMOVE_FROM_WAIT_LIST and op is Op.JOIN and not p.stood_by:
-            self.procs[slot] = p = replace(p, stood_by=True)
+            self.procs[slot] = p = evolve_proc(p, stood_by=True)
         if action is not Action.REMOVE_FROM_PARTICIPANTS or op is not Op.JOIN:
             return
         if self.faults_before:
@@ -1090,7 +1279,7 @@ class _Run:
             )
             return
         got = Returned(rnd, rank, w)
-        self.procs[slot] = replace(p, returned=got)
+        self.procs[slot] = evolve_proc(p, returned=got)
         settings = self.cfg.settings
         if not settings.min_nodes <= w <= settings.max_nodes:
             self.violate(
@@ -1105,6 +1294,13 @@ class _Run:
             self.violate(
                 RETURN_IS_MEMBER,
                 f"{p.ident} returned for round {rnd} but the store does not list it",
+            )
+        done = self.completion
+        if done is not None and done.round == rnd and done.world_size != w:
+            self.violate(
+                WORLD_SIZE_AGREEMENT,
+                f"round {rnd}: {p.ident} got world_size={w} but the round completed with "
+                f"{done.world_size} participants (what its other members got)",
             )
         for i, q in enumerate(self.procs):
             if i == slot or q.returned is None or q.returned.round != rnd:
@@ -1121,10 +1317,57 @@ class _Run:
                     f"round {rnd}: {p.ident} and {q.ident} (process {i}) both got rank {rank}",
                 )
 
-    def on_poll(self, slot: int) -> None:
+    def count(self, p: Proc, view: RendezvousState | None = None) -> int:
+        """What ``p``'s num_nodes_waiting() answers from ``view`` (its control view)."""
+        joined = None if p.returned is None else p.returned.round
+        view = p.control.view if view is None else view
+        return spec.nodes_waiting(view, p.ident, joined, self.cfg.variant)
+
+    def on_poll(self, slot: int, count: int) -> None:
         p = self.procs[slot]
-        view = p.local.view
+        view = p.control.view
         mine = p.returned
+        if (
+            mine is not None
+            and not count
+            and not view.closed
+            and not (view.round == mine.round and view.complete and view.is_participant(p.ident))
+        ):
+            self.violate(
+                ROUND_END_REPORTED,
+                f"{p.ident} returned round {mine.round}, which no longer holds it ("
+                f"{_describe(view)}), yet num_nodes_waiting() answers 0: its agent keeps "
+                "its workers running in a round that is over",
+            )
+        if mine is not None and (
+            view.round < mine.round or (view.round == mine.round and not view.complete)
+        ):
+            state = "complete" if view.complete else "open"
+            self.violate(
+                COUNT_REFLECTS_ROUND,
+                f"{p.ident} returned round {mine.round}, then num_nodes_waiting() answered "
+                f"{count} from a view of round {view.round} ({state}), from before the round "
+                "it joined had completed: a stale count, which may restart the job for nothing "
+                "or miss a real change",
+            )
+        done = self.completion
+        if (
+            mine is not None
+            and count
+            and done is not None
+            and view.complete
+            and view.round == mine.round == done.round
+        ):
+            old = [n for n in view.wait_list if n in done.waiting]
+            if old:
+                self.violate(
+                    RESTART_HAS_CAUSE,
+                    f"{p.ident}, a member of round {mine.round}, is told num_nodes_waiting()="
+                    f"{count} and restarts its workers, but {', '.join(map(str, old))} was "
+                    f"already waiting when round {mine.round} completed without it (it is "
+                    "surplus, dead or slow): every member restarts at once after forming "
+                    "each round",
+                )
         if mine is None or view.round != mine.round or not view.complete or view.wait_list:
             return
         for q in self.procs:
@@ -1194,7 +1437,9 @@ def unfinished_calls(world: World, cfg: ModelConfig) -> list[str]:
     ended) may stay listed in a complete round: dead nodes must be pruned
     (:data:`DEAD_LISTED`). In an open round they may stay: ``scale`` finds them once the
     round completes, and the workload's round bound (``max_rounds``) may stop the members
-    from forming that round.
+    from forming that round. For the same reason they may stay in a complete round when
+    a member would restart at its next poll (it counts a waiting node) but the round
+    bound stops it: the round it would form is where they would be pruned.
     Not started and crashed processes are not judged, and once a fault was injected an
     operation may also have ended with the fault's error (:data:`FAULT_ERRORS`).
     """
@@ -1202,7 +1447,14 @@ def unfinished_calls(world: World, cfg: ModelConfig) -> list[str]:
     problems: list[str] = []
     running = {p.ident for p in world.procs if p.pc not in HALTED_PCS}
     live_member = any(n in running for n in stored.participant_nodes())
-    if running and stored.complete and not stored.closed:
+    at_bound = stored.round + 1 >= cfg.max_rounds and any(
+        p.pc in BEATING_PCS
+        and spec.nodes_waiting(
+            stored, p.ident, None if p.returned is None else p.returned.round, cfg.variant
+        )
+        for p in world.procs
+    )
+    if running and stored.complete and not stored.closed and not at_bound:
         for where, nodes in (
             ("a participant", stored.participant_nodes()),
             ("on the wait list", stored.wait_list),
@@ -1225,6 +1477,19 @@ def unfinished_calls(world: World, cfg: ModelConfig) -> list[str]:
         elif stored.closed:
             problems.append(
                 f"{p.ident} is still {p.pc.name.lower()} although the rendezvous is closed"
+            )
+        elif (
+            p.pc in BEATING_PCS
+            and stored.round + 1 < cfg.max_rounds
+            and (
+                waiting := spec.nodes_waiting(
+                    stored, p.ident, None if p.returned is None else p.returned.round, cfg.variant
+                )
+            )
+        ):
+            problems.append(
+                f"{p.ident} restarts at its next poll: num_nodes_waiting() is {waiting} "
+                f"(round {stored.round})"
             )
         elif p.pc is Pc.RDZV:
             standing_by = stored.complete and (
@@ -1270,7 +1535,6 @@ def _tick(run: _Run) -> None:
     cfg = run.cfg
     t = cfg.tick_ms
     lo_wall = min(0, cfg.skew_ticks) * t
-    rollback = cfg.variant.rollback_window
     cache: dict[RendezvousState, RendezvousState] = {}
 
     def shift(state: RendezvousState) -> RendezvousState:
@@ -1288,62 +1552,11 @@ def _tick(run: _Run) -> None:
         shifted = shift(state)
         stored_after = dict(shifted.last_heartbeats)
         run.store = encode_cached(shifted)
-    settings = cfg.settings
-    floor_beat = lo_wall - settings.heartbeat_expiry - t
     for slot, p in enumerate(run.procs):
-        local = p.local
-        deadline = max(local.deadline - t, -rollback - t)
-        # A read older than one tick is never fresh again (a tick outlasts the cache).
-        synced = local.synced_at
-        if synced is not None and synced - t < -settings.cache_duration:
-            synced = None
-        # The local liveness clock: shift the seen values exactly as the stored ones
-        # (so equality with the store is preserved) and the first-seen times like every
-        # monotonic time, capped once past the threshold they are compared with.
-        # Real heartbeat values that differ never become equal as time passes: where
-        # capping both at the floor would make a seen value equal to a different stored
-        # one, the sighting becomes the stale marker (its age restarts at the next read).
-        seen_beats = tuple(
-            (n, v, at)
-            if v == STALE_SIGHTING
-            else (n, STALE_SIGHTING, STALE_SIGHTING)
-            if v != stored_before.get(n) and max(v - t, floor_beat) == stored_after.get(n)
-            else (n, max(v - t, floor_beat), max(at - t, -settings.heartbeat_expiry - t))
-            for n, v, at in local.seen_beats
-        )
-        beat_at = local.beat_at
-        if beat_at is not None:
-            beat_at = max(beat_at - t, -settings.keep_alive_interval - t)
-        watched_at = local.watched_at
-        if watched_at is not None:
-            watched_at = max(watched_at - t, -settings.keep_alive_interval - t)
-        watch = tuple(
-            (n, v, max(at - t, -settings.heartbeat_expiry - t)) for n, v, at in local.watch
-        )
-        announced = local.announced
-        if announced is not None:
-            at = max(announced[2] - t, -settings.keep_alive_interval - t)
-            announced = (announced[0], announced[1], at)
-        seen_call = local.seen_last_call
-        if seen_call is not None:
-            seen_call = (
-                max(seen_call[0] - t, lo_wall - t),
-                max(seen_call[1] - t, -settings.last_call_timeout - t),
-            )
-        run.procs[slot] = replace(
+        run.procs[slot] = evolve_proc(
             p,
-            local=replace(
-                local,
-                view=shift(local.view),
-                deadline=deadline,
-                synced_at=synced,
-                seen_beats=seen_beats,
-                seen_last_call=seen_call,
-                announced=announced,
-                beat_at=beat_at,
-                watched_at=watched_at,
-                watch=watch,
-            ),
+            local=_shift_local(p.local, cfg, lo_wall, shift, stored_before, stored_after),
+            control=_shift_local(p.control, cfg, lo_wall, shift, stored_before, stored_after),
         )
     for slot, p in enumerate(run.procs):
         now = run.now(p)
@@ -1351,9 +1564,71 @@ def _tick(run: _Run) -> None:
             continue
         if p.local.phase is Phase.WAITING:
             run.feed(slot, WokeUp(now))
-        elif p.pc is Pc.MEMBER:
-            run.set(slot, pc=Pc.KEEP_ALIVE)
-            run.feed(slot, StartOp(Op.KEEP_ALIVE, cfg.heartbeat_ticks * t, now))
+        elif p.pc in BEATING_PCS and p.local.op is None:
+            run.feed(slot, run.start_op(slot, Lane.MAIN, Op.KEEP_ALIVE, cfg.heartbeat_ticks))
+
+
+def _shift_local(
+    local: Local,
+    cfg: ModelConfig,
+    lo_wall: int,
+    shift: Callable[[RendezvousState], RendezvousState],
+    stored_before: dict[NodeId, int],
+    stored_after: dict[NodeId, int],
+) -> Local:
+    """``local`` one tick later: every time moves down a tick, capped once past the
+    threshold it is compared with."""
+    t = cfg.tick_ms
+    settings = cfg.settings
+    floor_beat = lo_wall - settings.heartbeat_expiry - t
+    deadline = max(local.deadline - t, -cfg.variant.rollback_window - t)
+    # A read older than one tick is never fresh again (a tick outlasts the cache).
+    synced = local.synced_at
+    if synced is not None and synced - t < -settings.cache_duration:
+        synced = None
+    # The local liveness clock: shift the seen values exactly as the stored ones (so
+    # equality with the store is preserved) and the first-seen times like every monotonic
+    # time, capped once past the threshold they are compared with. Real heartbeat values
+    # that differ never become equal as time passes: where capping both at the floor would
+    # make a seen value equal to a different stored one, the sighting becomes the stale
+    # marker (its age restarts at the next read).
+    seen_beats = tuple(
+        (n, v, at)
+        if v == STALE_SIGHTING
+        else (n, STALE_SIGHTING, STALE_SIGHTING)
+        if v != stored_before.get(n) and max(v - t, floor_beat) == stored_after.get(n)
+        else (n, max(v - t, floor_beat), max(at - t, -settings.heartbeat_expiry - t))
+        for n, v, at in local.seen_beats
+    )
+    beat_at = local.beat_at
+    if beat_at is not None:
+        beat_at = max(beat_at - t, -settings.keep_alive_interval - t)
+    watched_at = local.watched_at
+    if watched_at is not None:
+        watched_at = max(watched_at - t, -settings.keep_alive_interval - t)
+    watch = tuple((n, v, max(at - t, -settings.heartbeat_expiry - t)) for n, v, at in local.watch)
+    announced = local.announced
+    if announced is not None:
+        at = max(announced[2] - t, -settings.keep_alive_interval - t)
+        announced = (announced[0], announced[1], at)
+    seen_call = local.seen_last_call
+    if seen_call is not None:
+        seen_call = (
+            max(seen_call[0] - t, lo_wall - t),
+            max(seen_call[1] - t, -settings.last_call_timeout - t),
+        )
+    return replace(
+        local,
+        view=shift(local.view),
+        deadline=deadline,
+        synced_at=synced,
+        seen_beats=seen_beats,
+        seen_last_call=seen_call,
+        announced=announced,
+        beat_at=beat_at,
+        watched_at=watched_at,
+        watch=watch,
+    )
 
 
 # -- the move function -------------------------------------------------------------------
@@ -1362,6 +1637,8 @@ def apply(world: World, move: Move, cfg: ModelConfig) -> Outcome:
     run = _Run(world, cfg)
     kind, slot = move.kind, move.slot
     t = cfg.tick_ms
+    lane = Lane.CONTROL if kind in MAIN_MOVES else Lane.MAIN
+    kind = MAIN_MOVES.get(kind, kind)
     if kind == "tick":
         run.note(f"time advances by one tick ({t} ms)")
         _tick(run)
@@ -1370,18 +1647,24 @@ def apply(world: World, move: Move, cfg: ModelConfig) -> Outcome:
         if kind == "wake":
             run.feed(slot, WokeUp(run.now(p)))
         else:
-            run.serve_io(slot)
+            run.serve_io(slot, lane)
     elif kind == "start":
         p = run.procs[slot]
         run.set(slot, pc=Pc.RDZV, stood_by=False)
         run.note(f"{p.ident}: calls next_rendezvous")
-        run.feed(slot, StartOp(Op.EXIT, cfg.join_ticks * t, run.now(p)))
+        run.feed(slot, run.start_op(slot, Lane.MAIN, Op.EXIT, cfg.join_ticks))
+    elif kind == "poll":
+        _continue(run, slot, run.start_poll(slot))
+    elif kind == "fail_worker":
+        p = run.procs[slot]
+        run.worker_failures += 1
+        run.note(f"{p.ident}: its workers fail; it calls next_rendezvous again")
+        _continue(run, slot, run.start_rdzv(slot))
     elif kind == "shutdown":
         p = run.procs[slot]
         run.closes += 1
-        run.set(slot, pc=Pc.CLOSING)
         run.note(f"{p.ident}: calls shutdown")
-        run.feed(slot, StartOp(Op.CLOSE, cfg.close_ticks * t, run.now(p)))
+        _continue(run, slot, run.start_close(slot))
     elif kind == "crash":
         run.used[0] += 1
         run.set(slot, pc=Pc.CRASHED, outcome="crashed")
@@ -1394,30 +1677,37 @@ def apply(world: World, move: Move, cfg: ModelConfig) -> Outcome:
         else:
             run.used[2] += 1
             ident = old.ident
-        run.procs[slot] = Proc(ident, Pc.NEW, Local(ident), old.skew, late=True)
+        run.procs[slot] = Proc(ident, Pc.NEW, Local(ident), Local(ident), old.skew, late=True)
         run.note(f"process {slot} restarts as {ident}")
     elif kind in ("cas_unknown_applied", "cas_unknown_lost"):
         run.used[3] += 1
         p = run.procs[slot]
+        local = run.lane(slot, lane)
         if kind == "cas_unknown_applied":
             current = None if run.store is None else 1
-            if p.local.token == current or cfg.cas_ignores_token:
-                run.write(slot, encode_cached(p.local.view))
+            if local.token == current or cfg.cas_ignores_token:
+                run.write(slot, encode_cached(local.view), lane)
         else:
             # The write was lost: this node's heartbeat may now go stale through an injected
             # fault, so its expiry is no longer a live node wrongly evicted.
-            run.procs[slot] = replace(p, beating=False)
+            run.procs[slot] = evolve_proc(p, beating=False)
         run.note(f"{p.ident}: compare-and-set outcome unknown ({kind.rsplit('_', 1)[1]})")
-        run.feed(slot, IoFailed("compare-and-set outcome unknown", run.now(p)))
+        run.feed(slot, IoFailed("compare-and-set outcome unknown", run.now(p)), lane)
     elif kind == "store_down":
         run.used[4] += 1
-        p = replace(run.procs[slot], beating=False)  # as for a lost write, above
+        p = evolve_proc(run.procs[slot], beating=False)  # as for a lost write, above
         run.procs[slot] = p
         run.note(f"{p.ident}: the store is unreachable")
-        run.feed(slot, IoFailed("store unreachable", run.now(p)))
+        run.feed(slot, IoFailed("store unreachable", run.now(p)), lane)
     else:
         raise ValueError(f"unknown move kind {kind!r}")
     return Outcome(run.world(), run.notes, run.violations, run.rows, run.writes)
+
+
+def _continue(run: _Run, slot: int, start: tuple[Lane, StartOp] | None) -> None:
+    if start is not None:
+        lane, event = start
+        run.feed(slot, event, lane)
 
 
 def _all_pids(world: World) -> Iterator[int]:
@@ -1425,6 +1715,7 @@ def _all_pids(world: World) -> Iterator[int]:
     for p in world.procs:
         yield p.ident.pid
         yield from _state_pids(p.local.view)
+        yield from _state_pids(p.control.view)
     if world.store is not None:
         yield from _state_pids(decode_cached(world.store))
 
@@ -1446,6 +1737,8 @@ def describe_proc(p: Proc) -> str:
     parts = [f"{p.ident} {p.pc.name.lower()}"]
     if local.op is not None:
         parts.append(f"op={local.op.value}/{local.phase.value}")
+    if p.control.op is not None:
+        parts.append(f"control={p.control.op.value}/{p.control.phase.value}")
     if p.skew:
         parts.append(f"skew=+{p.skew}t")
     if p.returned is not None:

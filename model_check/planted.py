@@ -1,7 +1,9 @@
 """Deliberately broken protocol variants: the checker must catch each of them.
 
-Each is a :meth:`spec.Variant.derive` diff of ``upstream`` (or, for the one about heartbeat
-keys, of ``scale``); none is a protocol anyone should run. The CLI accepts them as
+Each is a :meth:`spec.Variant.derive` diff of ``upstream`` (or of ``hardened`` or ``scale``,
+for the ones about their own rows and effects); none is a protocol anyone should run. The
+``planted-old-*`` ones are ``hardened`` and ``scale`` as they were before a fix, kept so that
+the counterexamples of docs/findings.md stay reproducible. The CLI accepts them as
 ``--protocol planted-...`` so a counterexample can be replayed from the command line.
 """
 
@@ -11,6 +13,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from spec import (
+    HARDENED,
     SCALE,
     UPSTREAM,
     Action,
@@ -21,6 +24,13 @@ from spec import (
     Settings,
     Variant,
     row,
+)
+from spec.effects import (
+    add_to_participants,
+    fold_and_complete,
+    fold_announced,
+    mark_complete,
+    remove_from_participants,
 )
 from spec.state import Millis
 
@@ -186,6 +196,70 @@ UNWATCHED_STANDBY = SCALE.derive(
     rows=_standing_by_watch_rows(),
 )
 
+_OLD_EFFECTS = {
+    Action.REMOVE_FROM_PARTICIPANTS: remove_from_participants,
+    Action.MARK_RENDEZVOUS_COMPLETE: mark_complete,
+    Action.ADD_TO_PARTICIPANTS: add_to_participants,
+}
+
+OLD_HARDENED = HARDENED.derive(
+    "planted-old-hardened",
+    description=(
+        "hardened as it was before the agent-workload fixes (docs/findings.md, findings 6 "
+        "and 7): a member that leaves a complete round leaves it complete with the others, "
+        "and a round completes with whoever is still on its wait list"
+    ),
+    effects=_OLD_EFFECTS,
+    counts_dropped_member=False,
+)
+
+OLD_SCALE = SCALE.derive(
+    "planted-old-scale",
+    description=(
+        "scale as it was before the agent-workload fixes (docs/findings.md, findings 6 and "
+        "7): leaving a complete round leaves it complete, and rounds complete (folds "
+        "included) with whoever is still on the wait list"
+    ),
+    effects=_OLD_EFFECTS,
+    folds={Action.FOLD: fold_announced, Action.FOLD_AND_COMPLETE: fold_and_complete},
+    counts_dropped_member=False,
+)
+
+_KEEPS_WAITERS = {
+    Action.MARK_RENDEZVOUS_COMPLETE: mark_complete,
+    Action.ADD_TO_PARTICIPANTS: add_to_participants,
+}
+
+WAITERS_OUTLIVE_COMPLETION = HARDENED.derive(
+    "planted-waiters-outlive-completion",
+    description=(
+        "hardened whose rounds complete with whoever is still on the wait list (finding 7's "
+        "fix undone, the others kept): a surplus or dead waiter is counted by every member "
+        "right after each round forms"
+    ),
+    effects=_KEEPS_WAITERS,
+)
+
+SCALE_WAITERS_OUTLIVE_COMPLETION = SCALE.derive(
+    "planted-scale-waiters-outlive-completion",
+    description=(
+        "scale whose rounds (folds included) complete with whoever is still on the wait "
+        "list (finding 7's fix undone, the others kept)"
+    ),
+    effects=_KEEPS_WAITERS,
+    folds={Action.FOLD: fold_announced, Action.FOLD_AND_COMPLETE: fold_and_complete},
+)
+
+DROPPED_MEMBER_UNCOUNTED = HARDENED.derive(
+    "planted-dropped-member-uncounted",
+    description=(
+        "hardened whose num_nodes_waiting() counts the wait list alone: a member whose "
+        "round ended, and which a fast new round then dropped from the wait list, is "
+        "never told"
+    ),
+    counts_dropped_member=False,
+)
+
 PLANTED: Mapping[str, Variant] = MappingProxyType(
     {
         v.name: v
@@ -198,6 +272,11 @@ PLANTED: Mapping[str, Variant] = MappingProxyType(
             NEVER_FINISHES,
             NEVER_JOINS,
             UNWATCHED_STANDBY,
+            OLD_HARDENED,
+            OLD_SCALE,
+            WAITERS_OUTLIVE_COMPLETION,
+            SCALE_WAITERS_OUTLIVE_COMPLETION,
+            DROPPED_MEMBER_UNCOUNTED,
         )
     }
 )

@@ -38,7 +38,14 @@ from model_check.__main__ import (
 from model_check.model import CALLS_END, MODEL_PROPERTIES
 
 ROOT = Path(__file__).resolve().parent.parent
-CRASH = ["--nodes=2", "--min-nodes=2", "--max-nodes=2", "--crash=1", "--quiet"]
+CRASH = [
+    "--nodes=2",
+    "--min-nodes=2",
+    "--max-nodes=2",
+    "--crash=1",
+    "--worker-failures=0",
+    "--quiet",
+]
 """Upstream's weakness 2: dead_member_unreported after 14 moves."""
 CRASH_NAME = "dead_member_unreported"
 
@@ -86,7 +93,10 @@ def test_checking_the_trace_path_leaves_no_file_behind(tmp_path: Path, capsys: C
     fresh, kept = tmp_path / "fresh.json", tmp_path / "kept.json"
     kept.write_text("earlier trace\n")
     for path in (fresh, kept):
-        assert main(["--nodes", "2", "--quiet", "--trace-out", str(path)]) == 0
+        assert (
+            main(["--nodes", "2", "--protocol", "hardened", "--quiet", "--trace-out", str(path)])
+            == 0
+        )
     assert "result=holds" in capsys.readouterr().out
     assert not fresh.exists()
     assert kept.read_text() == "earlier trace\n"
@@ -348,7 +358,9 @@ def test_the_largest_budgets_rounds_and_steps_are_accepted() -> None:
     cfg, _ = build_config(_parser().parse_args(args))
     assert (cfg.max_rounds, cfg.closes) == (ROUNDS_LIMIT, BUDGET_LIMIT)
     assert cfg.faults.describe() == " ".join(
-        f"{name}={BUDGET_LIMIT}" for name in BUDGET_OPTIONS if name != "closes"
+        f"{name}={BUDGET_LIMIT}"
+        for name in BUDGET_OPTIONS
+        if name not in ("closes", "worker_failures")
     )
     _, walk = build_config(_parser().parse_args([*args, "--mode=random", f"--steps={STEPS_LIMIT}"]))
     assert walk["steps"] == STEPS_LIMIT
@@ -392,7 +404,7 @@ def test_the_bounds_that_remain_accepted(capsys: Capsys) -> None:
         ["--nodes", "2", "--max-states", "0", "--max-depth", "0"],
     ]
     for args in ok:
-        assert main([*args, "--quiet"]) == 0, args
+        assert main([*args, "--protocol", "hardened", "--quiet"]) == 0, args
         assert "result=holds" in capsys.readouterr().out
 
 

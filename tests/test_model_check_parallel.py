@@ -31,8 +31,8 @@ from model_check.parallel import (
 
 ROOT = Path(__file__).resolve().parent.parent
 QUIET = ["--mode", "random", "--quiet"]
-HOLDS = ["--nodes", "4", "--steps", "101", "--seed", "5"]
-"""Upstream at N = 4 without faults: no violation in 101 moves, several walk ends."""
+HOLDS = ["--protocol", "hardened", "--nodes", "4", "--steps", "101", "--seed", "5"]
+"""hardened at N = 4 without faults: no violation in 101 moves, several walk ends."""
 FINDS = ["--nodes", "16", "--min-nodes", "2", "--skew", "4", "--steps", "300", "--seed", "0"]
 """A skewed clock at N = 16: live_node_evicted within 300 moves."""
 
@@ -132,7 +132,7 @@ def test_a_worker_that_dies_ends_the_run_with_one_line_naming_the_walk(
     assert died.value.code == WORKER_DIED_EXIT == 2
     out, err = capsys.readouterr()
     lines = out.splitlines()
-    assert len(lines) == 2 and lines[0].startswith("model_check checks protocol upstream")
+    assert len(lines) == 2 and lines[0].startswith("model_check checks protocol hardened")
     assert lines[1].startswith("model_check protocol=")  # the first two lines only
     lines = err.strip().splitlines()
     assert lines == [f"model_check: error: {died.value.message}"]

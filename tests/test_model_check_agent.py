@@ -1,0 +1,165 @@
+"""The checker under torch's agent workload: each failure found from outside is a
+counterexample first, and the fixed protocols hold in the same configurations.
+
+The agent workload (``ModelConfig.workload == "agent"``, the default) is what
+``tests/agents.py`` runs on real processes: a member polls ``num_nodes_waiting()`` at any
+moment while its workers run, restarts when the count is above 0, and its workers may fail
+(``fail_worker``: next_rendezvous again at once). A pause is no new fault: the scheduler
+may leave any process without a step while the others move and time advances.
+
+The real-process regression tests of the same failures are in
+``tests/test_agent_workload.py``; the counterexamples are in docs/findings.md (findings 6
+to 8). Every exploration here stays below a few tens of thousands of worlds; the larger
+configurations of the findings table are measured by ``benchmarks/bench_agent_workload.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import spec
+from model_check.__main__ import main
+from model_check.explore import Result, explore, replay
+from model_check.model import (
+    COUNT_REFLECTS_ROUND,
+    RESTART_HAS_CAUSE,
+    ROUND_END_REPORTED,
+    WORLD_SIZE_AGREEMENT,
+    Faults,
+    ModelConfig,
+)
+from model_check.planted import PLANTED
+
+
+def _run(protocol: str, nodes: int, min_nodes: int, max_nodes: int, **extra: Any) -> Result:
+    variant = PLANTED[protocol] if protocol.startswith("planted-") else spec.get_variant(protocol)
+    cfg = ModelConfig(nodes=nodes, min_nodes=min_nodes, max_nodes=max_nodes, variant=variant)
+    return explore(dataclasses.replace(cfg, **extra))
+
+
+def _moves(result: Result) -> list[str]:
+    return [m.kind for m in result.path]
+
+
+# -- failure 1: a member that restarts at once leaves a paused peer a different world size --
+
+
+@pytest.mark.parametrize("protocol", ["upstream", "torch-2.13", "planted-old-hardened"])
+def test_failure_1_paused_member_returns_another_world_size(protocol: str) -> None:
+    r = _run(protocol, 2, 1, 2)
+    assert r.violation is not None and r.violation.name == WORLD_SIZE_AGREEMENT
+    kinds = _moves(r)
+    # Shortest counterexample: the other member's workers fail right after it returned,
+    # and the paused one (never scheduled meanwhile) then returns the same round.
+    assert "fail_worker" in kinds
+    assert not {"crash", "restart_new", "restart_same"} & set(kinds)
+    assert len(kinds) == 7
+
+
+def test_failure_1_old_scale_too() -> None:
+    r = _run("planted-old-scale", 2, 1, 2)
+    assert r.violation is not None and r.violation.name == WORLD_SIZE_AGREEMENT
+
+
+def test_failure_1_needs_the_worker_failure() -> None:
+    """Without a worker failure (the old workload's assumption) upstream holds at N = 2:
+    the agent's restart is what the checker was missing."""
+    r = _run("upstream", 2, 1, 2, worker_failures=0)
+    assert r.violation is None and not r.truncated
+
+
+@pytest.mark.parametrize("protocol", ["hardened", "scale"])
+def test_fixed_protocols_hold_where_failure_1_was_found(protocol: str) -> None:
+    r = _run(protocol, 2, 1, 2)
+    assert r.violation is None and not r.truncated
+
+
+def test_hardened_holds_one_node_above() -> None:
+    r = _run("hardened", 3, 2, 3)
+    assert r.violation is None and not r.truncated
+
+
+# -- failure 2: a waiter the completed round did not take keeps every member restarting --
+
+
+def test_failure_2_surplus_waiter_is_counted() -> None:
+    r = _run("planted-waiters-outlive-completion", 3, 2, 2)
+    assert r.violation is not None and r.violation.name == RESTART_HAS_CAUSE
+
+
+def test_failure_2_fixed_in_hardened() -> None:
+    r = _run("hardened", 3, 2, 2)
+    assert r.violation is None and not r.truncated
+
+
+# -- failure 3: a query counted from a view older than the round its process joined --------
+
+
+def test_failure_3_stale_query_after_scale_up() -> None:
+    r = _run("hardened", 3, 2, 3, share_views=False)
+    assert r.violation is not None and r.violation.name == COUNT_REFLECTS_ROUND
+    assert "poll" in _moves(r)
+
+
+# -- the member dropped from the wait list by a fast new round must still be told ----------
+
+
+def test_dropped_member_is_counted() -> None:
+    r = _run("planted-dropped-member-uncounted", 3, 2, 2)
+    assert r.violation is not None and r.violation.name == ROUND_END_REPORTED
+
+
+# -- failure 5: a dead waiter the rounds keep counting (scale) ----------------------------
+
+
+def test_failure_5_fixed_scale_holds_with_a_crash_at_n2() -> None:
+    """The fixed scale with a crash and a worker failure: every dead node is pruned
+    (the counterexample itself needs N = 3 and 400,000 worlds: see the benchmark)."""
+    r = _run("scale", 2, 1, 2, faults=Faults(crash=1))
+    assert r.violation is None and not r.truncated
+
+
+# -- the command line shows and replays them ---------------------------------------------
+
+
+def test_cli_prints_the_counterexample_and_replays_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "f1.json"
+    code = main(["--nodes", "2", "--quiet", "--json", "--trace-out", str(trace)])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1 and doc["result"] == "violated"
+    assert doc["violation"]["name"] == WORLD_SIZE_AGREEMENT
+    assert doc["params"]["workload"] == "agent"
+    assert doc["params"]["worker_failures"] == 1
+    assert code == main(["--replay", str(trace), "--json"])
+    again = json.loads(capsys.readouterr().out)
+    assert again["reproduced"] is True and again["expected"] == WORLD_SIZE_AGREEMENT
+    assert again["moves"] == doc["violation"]["moves"] == 7
+
+
+def test_replayed_path_ends_in_the_violation() -> None:
+    cfg = ModelConfig(nodes=2, min_nodes=1, max_nodes=2)
+    r = explore(cfg)
+    assert r.violation is not None
+    steps, _ = replay(cfg, r.path)
+    assert WORLD_SIZE_AGREEMENT in [v.name for v in steps[-1][1].violations]
+    assert all(not out.violations for _, out in steps[:-1])
+
+
+def test_the_main_job_finds_failure_1_in_torchs_protocol(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's main job, ``python -m model_check --nodes 8``: torch's protocol under
+    torch's agent, the shortest counterexample of world size agreement."""
+    code = main(["--nodes", "8", "--json", "--quiet", "--trace-out", str(tmp_path / "t.json")])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1 and doc["params"]["protocol"] == "upstream"
+    assert doc["violation"]["name"] == WORLD_SIZE_AGREEMENT
+    assert doc["violation"]["moves"] == 19
+    assert "fail_worker" in [m["kind"] for m in doc["counterexample"]["moves"]]
