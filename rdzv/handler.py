@@ -91,6 +91,7 @@ from spec.machine import (
     Event,
     Fail,
     IoFailed,
+    Known,
     Local,
     Now,
     Read,
@@ -98,11 +99,14 @@ from spec.machine import (
     ReadBeats,
     ReadResult,
     Request,
+    Sightings,
     StartOp,
     Wait,
     Withdraw,
     Withdrawn,
     WokeUp,
+    known_of,
+    nodes_waiting,
     step,
 )
 from spec.settings import Settings
@@ -319,12 +323,19 @@ class NodeDriver:
         self.local = result.local
         self.request = result.request
 
-    def start(self, op: Op, deadline: Millis) -> None:
-        """Start ``op``, to end by the monotonic instant ``deadline`` (milliseconds)."""
+    def start(
+        self,
+        op: Op,
+        deadline: Millis,
+        sightings: Sightings | None = None,
+        known: Known | None = None,
+    ) -> None:
+        """Start ``op``, to end by the monotonic instant ``deadline`` (milliseconds);
+        ``sightings`` and ``known`` as in :class:`~spec.machine.StartOp`."""
         self._conflict = None
         self._conflicts = 0
         self._io_error = None
-        self._feed(StartOp(op, deadline, now_of(self.clock)))
+        self._feed(StartOp(op, deadline, now_of(self.clock), sightings, known))
 
     def deadline_after(self, timeout: Millis) -> Millis:
         return now_of(self.clock).mono + timeout
@@ -1020,6 +1031,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             if self._heartbeats.is_shut:
                 raise self._shut_down_error("was shut down")
             self._stop_heartbeats()
+            self._joined = None  # in no round until this call returns one
             if deadline is None:
                 deadline = self._driver.deadline_after(self._spec_settings.join_timeout)
             else:
@@ -1091,7 +1103,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._control_op(Op.CLOSE)
 
     def num_nodes_waiting(self) -> int:
-        return len(self._control_op(Op.QUERY).wait_list)
+        """The nodes waiting for the next round; under ``hardened`` and ``scale`` this node
+        too, once the round its last ``next_rendezvous`` returned no longer holds it
+        (:func:`spec.machine.nodes_waiting`)."""
+        view = self._control_op(Op.QUERY)
+        joined = None if self._joined is None else self._joined[0]
+        return nodes_waiting(view, self._node, joined, self._variant)
 
     def shutdown(self) -> bool:
         """Stop the heartbeats for good, close the rendezvous, and close the store the
@@ -1163,7 +1180,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
     # -- internals ---------------------------------------------------------------------------
     def _run(self, op: Op, deadline: Millis, driver: NodeDriver | None = None) -> None:
         driver = self._driver if driver is None else driver
-        driver.start(op, deadline)
+        # The other machine state is read without its lock: a Local is an immutable value,
+        # so this is one consistent snapshot. Queries and closes judge heartbeats by the
+        # main one's liveness clock; either starts from the other's view when it is newer.
+        peer = self._control if driver is self._driver else self._driver
+        sightings = None if driver is self._driver else peer.local.seen_beats
+        driver.start(op, deadline, sightings, known_of(peer.local))
         try:
             driver.run()
         except OperationFailed as failed:

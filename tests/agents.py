@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 EVENT_WAIT_S = 90.0
 """Real seconds the controller waits for an event before it fails the test."""
@@ -108,6 +108,10 @@ class AgentConfig:
     torch user who changed only the import of ``create_handler``); ``url`` is unused."""
     gloo: bool = False
     """After each return, form a gloo process group over ``info.store`` and all-reduce."""
+    impl: Literal["rdzv", "torch"] = "rdzv"
+    """Whose handler the agent runs: rdzv's, or (``"torch"``, needs ``torch_store``) torch's
+    own ``DynamicRendezvousHandler`` with torch's ``C10dRendezvousBackend`` over that
+    TCPStore; ``handler_config`` then holds only torch's keys, and ``url`` is unused."""
 
 
 # -- the agent (runs in its own process) ---------------------------------------------------
@@ -135,6 +139,9 @@ def _take(path: Path) -> bool:
 def _make_handler(cfg: AgentConfig) -> Any:
     from rdzv import RendezvousParameters, create_handler
 
+    if cfg.impl == "torch" and not cfg.torch_store:
+        raise ValueError("impl 'torch' needs torch_store (host:port of a TCPStore server)")
+
     params = RendezvousParameters(
         "rdzv", cfg.url, cfg.run_id, cfg.min_nodes, cfg.max_nodes, **cfg.handler_config
     )
@@ -160,6 +167,8 @@ def _make_handler(cfg: AgentConfig) -> Any:
     store = LatePublisher(
         host, int(port), is_master=False, timeout=timedelta(seconds=cfg.torch_store_timeout_s)
     )
+    if cfg.impl == "torch":
+        return _torch_handler(cfg, store)
     if cfg.torch_backend:
         from torch.distributed.elastic.rendezvous import RendezvousParameters as TorchParameters
         from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
@@ -172,6 +181,88 @@ def _make_handler(cfg: AgentConfig) -> Any:
         return create_handler(store, C10dRendezvousBackend(store, cfg.run_id), torch_params)
     state_store = open_store(cfg.url)
     return create_handler(store, StoreRendezvousBackend(state_store, cfg.run_id), params)
+
+
+@dataclass(frozen=True)
+class _TorchAnswer:
+    """torch's ``RendezvousInfo`` and what rdzv's also carries: the round and its members."""
+
+    store: Any
+    rank: int
+    world_size: int
+    bootstrap_store_info: Any
+    round: int
+    participants: list[str]
+
+
+def _torch_handler(cfg: AgentConfig, store: Any) -> Any:
+    """torch's own ``DynamicRendezvousHandler`` (what torch's ``create_handler`` builds from
+    the same keys), which also tells the round it returned."""
+    from datetime import timedelta
+
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
+        C10dRendezvousBackend,
+    )
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+        DynamicRendezvousHandler,
+        RendezvousTimeout,
+    )
+
+    class Noting(DynamicRendezvousHandler):
+        """Only notes the state its answer comes from: torch's ``_get_world`` reads rank and
+        world size from it, and the round and members here are read from the same object."""
+
+        _noted: tuple[int, list[str]] = (-1, [])
+
+        @property
+        def node(self) -> Any:
+            return self._this_node
+
+        def _get_world(self) -> tuple[int, int]:
+            state = self._state_holder.state
+            self._noted = (state.round, [str(n) for n in sorted(state.participants)])
+            return state.participants[self._this_node], len(state.participants)
+
+        def next_rendezvous(self) -> _TorchAnswer:  # type: ignore[override]  # a superset
+            info = super().next_rendezvous()
+            return _TorchAnswer(
+                info.store, info.rank, info.world_size, info.bootstrap_store_info, *self._noted
+            )
+
+    conf = {key: int(value) for key, value in cfg.handler_config.items()}
+
+    def seconds(key: str) -> timedelta | None:
+        return timedelta(seconds=conf[key]) if key in conf else None
+
+    timeout = RendezvousTimeout(
+        seconds("join_timeout"),
+        seconds("last_call_timeout"),
+        seconds("close_timeout"),
+        seconds("heartbeat_timeout"),
+    )
+    return Noting.from_backend(
+        cfg.run_id,
+        store,
+        C10dRendezvousBackend(store, cfg.run_id),
+        cfg.min_nodes,
+        cfg.max_nodes,
+        None,
+        timeout,
+        keep_alive_interval=conf.get("keep_alive_interval", 5),
+        keep_alive_max_attempt=conf.get("keep_alive_max_attempt", 3),
+    )
+
+
+def _errors(cfg: AgentConfig) -> tuple[type[Exception], type[Exception], type[Exception]]:
+    """The graceful-exit, closed and base errors of the agent's handler: torch's own handler
+    raises torch's classes (rdzv's derive from them, not the other way round)."""
+    if cfg.impl == "torch":
+        from torch.distributed.elastic.rendezvous import api
+
+        return api.RendezvousGracefulExitError, api.RendezvousClosedError, api.RendezvousError
+    import rdzv
+
+    return rdzv.RendezvousGracefulExitError, rdzv.RendezvousClosedError, rdzv.RendezvousError
 
 
 def _all_reduce(info: Any, log: _Log) -> None:
@@ -199,8 +290,7 @@ def _all_reduce(info: Any, log: _Log) -> None:
 
 def agent_main(cfg: AgentConfig) -> int:
     """Run one agent until it is told to quit, the rendezvous closes, or it fails."""
-    from rdzv import RendezvousClosedError, RendezvousError
-
+    RendezvousGracefulExitError, RendezvousClosedError, RendezvousError = _errors(cfg)
     folder = Path(cfg.folder)
     log = _Log(folder / f"agent-{cfg.index}.jsonl")
     if cfg.events:
@@ -229,6 +319,10 @@ def agent_main(cfg: AgentConfig) -> int:
             log("call")
             try:
                 info = handler.next_rendezvous()
+            except RendezvousGracefulExitError as exc:
+                # Standing by when the job ended: the node leaves quietly.
+                log("closed", where="next_rendezvous", graceful=True, msg=str(exc))
+                return 0
             except RendezvousClosedError as exc:
                 log("closed", where="next_rendezvous", msg=str(exc))
                 return 0
@@ -267,8 +361,7 @@ def _run_workers(
     polling: bool,
 ) -> str:
     """The agent's monitor loop while its workers run; returns why it ended."""
-    from rdzv import RendezvousError
-
+    RendezvousError = _errors(cfg)[2]
     next_poll = next_closed = time.monotonic()
     last_count: int | None = None
     while True:  # bounded by the commands and the rendezvous (a test ends every agent)
@@ -335,7 +428,7 @@ class Agents:
             **options,
         )
         env = dict(os.environ)
-        if not (cfg.torch_store or cfg.gloo):  # an agent that never meets torch code
+        if not (cfg.torch_store or cfg.gloo or cfg.impl == "torch"):  # never meets torch
             env.update(NO_TORCH)
         env["PYTHONPATH"] = os.pathsep.join(
             [str(REPO), str(REPO / "tests"), env.get("PYTHONPATH", "")]
