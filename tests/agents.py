@@ -390,8 +390,9 @@ def _run_workers(
                 return "waiting"
         if cfg.poll_closed and now >= next_closed:
             next_closed = now + cfg.closed_poll_s
+            asked = time.time()
             closed = handler.is_closed()
-            log("is_closed", closed=closed)
+            log("is_closed", closed=closed, asked=asked)
             if closed:
                 return "closed"
         time.sleep(COMMAND_POLL_S)
