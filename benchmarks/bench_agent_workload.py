@@ -8,6 +8,7 @@ quick one (``--quick``) keeps the rows under a minute each.
 
     python benchmarks/bench_agent_workload.py            # every row
     python benchmarks/bench_agent_workload.py --quick    # the small rows only
+    python benchmarks/bench_agent_workload.py --match "1 paused"   # one finding's rows
 """
 
 from __future__ import annotations
@@ -54,10 +55,20 @@ ROW_TIMEOUT_S = 3600
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the small rows only (default off)")
+    parser.add_argument(
+        "--match",
+        default="",
+        help="only the rows whose finding or arguments contain this text (default: every row)",
+    )
     ns = parser.parse_args(argv)
+    rows = [row for row in ROWS if ns.match in f"{row[0]} {' '.join(row[2])}"]
+    if not rows:
+        parser.error(
+            f"no row matches {ns.match!r}; the findings are: {sorted({r[0] for r in ROWS})}"
+        )
     print("| finding | configuration | result | property | moves | distinct worlds | wall s |")
     print("|---|---|---|---|---:|---:|---:|")
-    for finding, quick, args in ROWS:
+    for finding, quick, args in rows:
         if ns.quick and not quick:
             continue
         doc = run_row(list(args), timeout_s=ROW_TIMEOUT_S)

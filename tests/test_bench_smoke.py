@@ -1,7 +1,7 @@
 """Smoke tests of ``benchmarks/bench_stores.py``, ``benchmarks/bench_handler.py``,
-``benchmarks/bench_model_check.py`` and ``benchmarks/bench_commutation.py``: a real quick
-run of each (the figures themselves are for the docs, not asserted), and their refusal of
-bad flags.
+``benchmarks/bench_model_check.py``, ``benchmarks/bench_commutation.py`` and
+``benchmarks/bench_agent_workload.py``: a real quick run of each (the figures themselves
+are for the docs, not asserted), and their refusal of bad flags.
 ``tests/test_bench_scale.py`` covers the scale benchmark."""
 
 from __future__ import annotations
@@ -142,3 +142,13 @@ def test_bench_commutation_refuses_bad_flags() -> None:
     done = _run("bench_commutation.py", "--", "--nodes", "0")
     assert done.returncode == 2
     assert "model options --nodes 0: --nodes 0 must be in 1..1024" in done.stderr
+
+
+def test_bench_agent_workload_prints_a_verdict_per_row() -> None:
+    done = _run("bench_agent_workload.py", "--match", "dropped member")
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if "planted-dropped" in line]
+    assert len(rows) == 1
+    assert "| violated | round_end_reported | 13 |" in rows[0]
+    bad = _run("bench_agent_workload.py", "--match", "no such finding")
+    assert bad.returncode == 2 and "no row matches 'no such finding'" in bad.stderr

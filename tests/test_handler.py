@@ -225,13 +225,22 @@ def test_late_node_waits_is_counted_and_joins_the_next_round(tmp_path: Path) -> 
 def wait_for_stored(
     store: Store, ready: Callable[[RendezvousState], bool], what: str, key: str = "rdzv/job/state"
 ) -> None:
-    """Wait (bounded, real time) until the stored state satisfies ``ready``."""
-    for _ in range(400):  # bound: 400 slices of at most 50 ms
+    """Wait (bounded: :data:`STORED_WAIT_S` of real time, and at most 20,000 looks) until
+    the stored state satisfies ``ready``. A change ends a slice early, so the bound is
+    one of time, not of slices: a loaded machine may write often and serve slowly."""
+    end = time.monotonic() + STORED_WAIT_S
+    for _ in range(20_000):  # bounded, and by ``end``
         current = store.get(key) if store.check([key]) else None
         if current is not None and ready(decode(current)):
             return
+        if time.monotonic() > end:
+            break
         store.wait_for_change(key, current, timedelta(seconds=0.05))
-    raise AssertionError(f"the stored state never showed {what}")
+    raise AssertionError(f"the stored state never showed {what} within {STORED_WAIT_S:g} s")
+
+
+STORED_WAIT_S = 90.0
+"""Real seconds :func:`wait_for_stored` waits (generous: nothing is timed)."""
 
 
 def test_re_rendezvous_advances_the_round_each_time() -> None:

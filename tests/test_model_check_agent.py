@@ -93,7 +93,8 @@ def test_failure_2_surplus_waiter_is_counted() -> None:
 
 
 def test_failure_2_fixed_in_hardened() -> None:
-    r = _run("hardened", 3, 2, 2)
+    # Without the shutdown (35,750 worlds, against 75,226 with it: the benchmark runs that).
+    r = _run("hardened", 3, 2, 2, closes=0)
     assert r.violation is None and not r.truncated
 
 
