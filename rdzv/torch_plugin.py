@@ -76,6 +76,7 @@ __all__ = [
     "RedundantNodeExit",
     "TorchStore",
     "TorchrunHandler",
+    "check_shared_store",
     "create_torchrun_handler",
     "rdzv_parameters",
     "torch_store",
@@ -170,6 +171,7 @@ def rdzv_parameters(params: Any) -> tuple[RendezvousParameters, PluginOptions]:
             f"(or redis://host:6379/0, etcd://host:2379)"
         )
     ours = parameters_of(params, config)
+    check_shared_store(endpoint, ours.max_nodes)
     # The plug-in's own keys are read (so bad values get the usual clear errors) and
     # taken out: the handler does not know them. torchrun's ``timeout`` stays: the
     # handler reads it as the join timeout unless ``join_timeout`` is given.
@@ -183,6 +185,35 @@ def rdzv_parameters(params: Any) -> tuple[RendezvousParameters, PluginOptions]:
     for key in PLUGIN_KEYS:
         ours.config.pop(key, None)
     return ours, options
+
+
+SHARED_STORES = "sqlite:///path/job.db, redis://host:6379/0 or etcd://host:2379"
+"""The stores torchrun agents can share, as the refusal of ``memory://`` names them."""
+
+
+def check_shared_store(endpoint: str, max_nodes: int) -> None:
+    """``ValueError`` if ``endpoint`` is a ``memory://`` store and the job may have more
+    than one agent: under torchrun every agent is a process of its own, and a memory
+    store lives inside one process, so agents would never meet (each would wait for the
+    others until the join timeout). A job of exactly one agent (``--nnodes=1``) may use
+    it. A malformed URL is left to :func:`rdzv.stores.open_store`, which names the fix."""
+    from rdzv.stores.url import redact, split_url
+
+    try:
+        scheme, _ = split_url(endpoint)
+    except ValueError:
+        return
+    if scheme != "memory" or max_nodes <= 1:
+        return
+    raise ValueError(
+        f"--rdzv-endpoint={redact(endpoint)} is a memory:// store, which lives inside one "
+        f"process, but this job allows {max_nodes} agents (--nnodes up to {max_nodes}) and "
+        f"under torchrun every agent is a process of its own: they could never meet, and "
+        f"each would wait for the others until the join timeout. Give every agent the same "
+        f"shared store: {SHARED_STORES} (sqlite:// for agents on one host, redis:// or "
+        f"etcd:// for agents on many hosts); memory:// serves only a job of exactly one "
+        f"agent (--nnodes=1)"
+    )
 
 
 # -- errors ----------------------------------------------------------------------------------
