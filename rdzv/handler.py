@@ -75,7 +75,7 @@ from rdzv.torch_compat import (
     round_store,
     store_timeouts,
 )
-from spec.codec import decode
+from spec.codec import check_protocol, decode_with_protocol
 from spec.machine import (
     CORRUPT_ANNOUNCEMENTS,
     Announce,
@@ -194,6 +194,7 @@ _FAILURE_ERRORS: dict[FailKind, type[RendezvousError]] = {
     FailKind.TIMEOUT: RendezvousTimeoutError,
     FailKind.GRACEFUL_EXIT: RendezvousGracefulExitError,
     FailKind.CORRUPT_STATE: RendezvousStateError,
+    FailKind.PROTOCOL_MISMATCH: RendezvousStateError,
     FailKind.CONNECTION: RendezvousConnectionError,
 }
 
@@ -561,15 +562,19 @@ class LastDecoded:
     def __init__(self) -> None:
         self._data: bytes | None = None
         self._state: RendezvousState | None = None
+        self._protocol: str | None = None
         self.decoded = 0
         """How many times bytes were really decoded (for tests and benchmarks)."""
 
-    def __call__(self, data: bytes) -> RendezvousState:
+    def __call__(self, data: bytes, protocol: str | None = None) -> RendezvousState:
         if self._state is not None and data == self._data:
-            return self._state
-        self.decoded += 1
-        state = decode(data)
-        self._data, self._state = bytes(data), state
+            state, stored = self._state, self._protocol
+        else:
+            self.decoded += 1
+            state, stored = decode_with_protocol(data)
+            self._data, self._state, self._protocol = bytes(data), state, stored
+        if protocol is not None:
+            check_protocol(stored, protocol)  # every time, as spec.decode does
         return state
 
 
@@ -590,6 +595,12 @@ def _failure_error(
             f"member that is not an rdzv node identity (another program or rdzv version "
             f"added it); give this job a run id of its own, or take the member out of the "
             f"set (the store's remove_member) once no node of the run is alive"
+        )
+    elif kind is FailKind.PROTOCOL_MISMATCH:
+        message = (
+            f"node {node} of run {run_id!r} stopped at once: {message}. The protocol is "
+            f"the 'protocol' option (--rdzv-conf protocol=NAME under torchrun, or "
+            f"protocol= of create_handler / from_backend)"
         )
     elif kind is FailKind.CORRUPT_STATE:
         message = (
