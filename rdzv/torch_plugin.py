@@ -79,6 +79,7 @@ __all__ = [
     "check_shared_store",
     "create_torchrun_handler",
     "rdzv_parameters",
+    "setup_torchrun_logging",
     "torch_store",
     "torchrun_handler_creator",
 ]
@@ -426,9 +427,42 @@ def _torch_handler_class() -> type[TorchrunHandler]:
     return TorchrunRendezvousHandler
 
 
+LOG_FORMAT = "[%(levelname).1s %(asctime)s %(process)d %(name)s] %(message)s"
+"""The format of rdzv's log lines under torchrun when nothing else handles them."""
+_LOG_HANDLER_MARK = "_rdzv_torchrun_handler"
+
+
+def setup_torchrun_logging() -> None:
+    """Log as torch's elastic modules do under torchrun
+    (``torch.distributed.elastic.utils.logging.get_logger``): the ``rdzv`` logger's level
+    comes from the ``LOGLEVEL`` environment variable (``WARNING`` if unset; ``INFO`` shows
+    one line per rendezvous event, ``DEBUG`` adds the JSON events of ``rdzv.events``),
+    and, unless some handler already takes its records (the application configured
+    logging), it writes to stderr. Called by :func:`create_torchrun_handler`; calling it
+    again changes nothing but the level."""
+    log = logging.getLogger("rdzv")
+    level = os.environ.get("LOGLEVEL", "WARNING").strip().upper() or "WARNING"
+    try:
+        log.setLevel(level)
+    except ValueError:
+        log.setLevel(logging.WARNING)
+        logger.warning(
+            "LOGLEVEL=%r is not a logging level (DEBUG, INFO, WARNING, ERROR, CRITICAL); "
+            "rdzv logs at WARNING",
+            os.environ.get("LOGLEVEL"),
+        )
+    if log.hasHandlers():
+        return
+    handler = logging.StreamHandler()  # stderr, as torch's loggers
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    setattr(handler, _LOG_HANDLER_MARK, True)
+    log.addHandler(handler)
+
+
 def create_torchrun_handler(params: Any) -> TorchrunHandler:
     """The creator torchrun registers: torch's ``RendezvousParameters`` in, an instance
     of torch's ``RendezvousHandler`` out (see the module docstring)."""
+    setup_torchrun_logging()
     ours, options = rdzv_parameters(params)
     try:
         handler = create_handler(ours)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -754,6 +755,14 @@ def _check_allreduce(cluster: Cluster, agents: list[Agent], shared: bool) -> Non
     assert {r["sum"] for r in records} == {3.0}  # (0 + 1) + (1 + 1)
     assert len({r["master"] for r in records}) == 1
     assert {r["use_agent_store"] for r in records} == {str(shared)}
+    # At LOGLEVEL=INFO each agent tells its rendezvous events (issue 26, item 5).
+    joined = re.compile(
+        rf"^\[I [^]]* rdzv\.handler\] node \S+ joined round \d+ of run "
+        rf"'{re.escape(cluster.run_id)}' as rank [01] of 2 ",
+        re.MULTILINE,
+    )
+    for agent in agents:
+        assert joined.search(agent.log.read_text()), agent.tail()
 
 
 @pytest.mark.slow
@@ -843,6 +852,10 @@ def test_survivors_rerendezvous_when_an_agent_is_killed(
     assert cluster.wait(survivor) == 0, cluster.logs()
     after = [r for r in cluster.progress(survivor.name) if r["pid"] not in before]
     assert {(r["world_size"], r["rank"], r["sum"]) for r in after} == {(1, 0, 1.0)}
+    # The survivor said why it waited (issue 26, item 5: it used to print nothing).
+    told = survivor.log.read_text()
+    assert " pruned node " in told and " it was silent for " in told, survivor.tail()
+    assert "joined round" in told and "as rank 0 of 1 " in told, survivor.tail()
     # A worker failure used one restart: torch counts it, membership changes it does not.
     assert {r["restart_count"] for r in after} == {1}
 
