@@ -288,6 +288,8 @@ def max_slices(clock: Clock, budget: float) -> int:
     return math.ceil(max(budget, 0.0) / longest) + 1
 
 
+_NOT_THE_STORE = ("the handler failed", "bounding the operation failed")
+"""How :meth:`NodeDriver._io_failed` reasons start when no store call failed."""
 NARRATED_PRUNES = 1024
 """How many pruned nodes a handler remembers having reported (so that each is reported
 once, however many of its reads still list the node); past it the memory starts over."""
@@ -345,6 +347,8 @@ class Narrator:
             self._closed_once("node %s closed the rendezvous of run %r (round %d)", local)
 
     def _io_failed(self, driver: NodeDriver, before: Local, event: IoFailed) -> None:
+        if event.reason.startswith(_NOT_THE_STORE):
+            return  # the operation ended for a reason of the handler's, told by its error
         with self._lock:
             first, self._unreachable = not self._unreachable, True
         if not first:
@@ -414,8 +418,10 @@ class Narrator:
                 return
             self._last_call = key
         settings = driver.config.settings
-        if local.seen_last_call is not None:  # the local liveness clock: since first seen
-            ends = local.seen_last_call[1] + settings.last_call_timeout - now.mono
+        if driver.config.variant.liveness_clock == LOCAL:  # measured from when first seen
+            seen = local.seen_last_call
+            first = seen[1] if seen is not None and seen[0] == view.deadline else now.mono
+            ends = first + settings.last_call_timeout - now.mono
         else:
             ends = view.deadline - now.wall
         logger.info(

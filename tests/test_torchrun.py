@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
@@ -56,6 +57,7 @@ from rdzv.torch_plugin import (
     TorchStore,
     create_torchrun_handler,
     rdzv_parameters,
+    setup_torchrun_logging,
     torch_error,
     torchrun_handler_creator,
 )
@@ -272,6 +274,50 @@ def test_a_memory_store_serves_a_job_of_one_agent(memory_url: str) -> None:
         assert (info.rank, info.world_size) == (0, 1)
     finally:
         handler.shutdown()
+
+
+@pytest.fixture
+def rdzv_logger() -> Iterator[logging.Logger]:
+    """The "rdzv" logger, its level, handlers and propagation restored afterwards."""
+    log = logging.getLogger("rdzv")
+    saved = (log.level, list(log.handlers), log.propagate)
+    try:
+        yield log
+    finally:
+        log.setLevel(saved[0])
+        log.handlers[:] = saved[1]
+        log.propagate = saved[2]
+
+
+@pytest.mark.parametrize(
+    ("value", "level"),
+    [("INFO", logging.INFO), ("debug", logging.DEBUG), (None, logging.WARNING), ("loud", 30)],
+)
+def test_the_plugin_logs_at_torchs_loglevel(
+    rdzv_logger: logging.Logger, monkeypatch: pytest.MonkeyPatch, value: str | None, level: int
+) -> None:
+    # As torch's elastic modules do: the level from LOGLEVEL, WARNING by default.
+    if value is None:
+        monkeypatch.delenv("LOGLEVEL", raising=False)
+    else:
+        monkeypatch.setenv("LOGLEVEL", value)
+    rdzv_logger.propagate = False  # as if nothing handled the records: stderr is added
+    rdzv_logger.handlers[:] = []
+    setup_torchrun_logging()
+    setup_torchrun_logging()  # again: no second handler
+    assert rdzv_logger.level == level
+    (handler,) = rdzv_logger.handlers
+    assert isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr
+
+
+def test_the_plugin_adds_no_handler_when_logging_is_configured(
+    rdzv_logger: logging.Logger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOGLEVEL", "INFO")
+    mine = logging.NullHandler()
+    rdzv_logger.handlers[:] = [mine]
+    setup_torchrun_logging()
+    assert rdzv_logger.handlers == [mine] and rdzv_logger.level == logging.INFO
 
 
 def test_an_empty_endpoint_names_the_store_urls() -> None:
