@@ -34,6 +34,11 @@ here, as in :func:`rdzv.handler.create_handler`, it is the join timeout whenever
 :data:`rdzv.handler.HANDLER_CONFIG_KEYS`, those only this plug-in reads
 :data:`rdzv.handler.TORCHRUN_CONFIG_KEYS`; any other key is an error.
 
+The endpoint must be a store every agent can reach: ``memory://`` lives inside one
+process, so it is refused unless the job has exactly one agent
+(:func:`check_shared_store`). Logs go through ``logging`` under ``rdzv``, at the level
+torchrun's ``LOGLEVEL`` names (:func:`setup_torchrun_logging`).
+
 This module never imports torch at import time: torch is imported when torchrun calls
 the creator (it is loaded by then anyway).
 """
