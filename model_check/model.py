@@ -455,29 +455,34 @@ class Outcome:
 
 
 # -- decoding / encoding caches ------------------------------------------------------------
-_DECODED: dict[bytes, RendezvousState] = {}
-_ENCODED: dict[RendezvousState, bytes] = {}
+_DECODED: dict[bytes, tuple[RendezvousState, str | None]] = {}
+_ENCODED: dict[tuple[RendezvousState, str], bytes] = {}
 CACHE_LIMIT = 200_000
 """Entries kept in each codec cache before it is cleared (bounds memory)."""
 
 
-def decode_cached(data: bytes) -> RendezvousState:
-    state = _DECODED.get(data)
-    if state is None:
+def decode_cached(data: bytes, protocol: str | None = None) -> RendezvousState:
+    """:func:`spec.decode`, remembered; with ``protocol`` the stored protocol is checked
+    on every call (as ``spec.decode`` does), cached or not."""
+    entry = _DECODED.get(data)
+    if entry is None:
         if len(_DECODED) >= CACHE_LIMIT:
             _DECODED.clear()
-        state = spec.decode(data)
-        _DECODED[data] = state
-    return state
+        entry = spec.decode_with_protocol(data)
+        _DECODED[data] = entry
+    if protocol is not None:
+        spec.check_protocol(entry[1], protocol)
+    return entry[0]
 
 
-def encode_cached(state: RendezvousState) -> bytes:
-    data = _ENCODED.get(state)
+def encode_cached(state: RendezvousState, protocol: str) -> bytes:
+    key = (state, protocol)
+    data = _ENCODED.get(key)
     if data is None:
         if len(_ENCODED) >= CACHE_LIMIT:
             _ENCODED.clear()
-        data = spec.encode(state)
-        _ENCODED[state] = data
+        data = spec.encode(state, protocol)
+        _ENCODED[key] = data
     return data
 
 
@@ -1022,7 +1027,9 @@ class _Run:
             self.feed(slot, Withdrawn(now), lane)
             return
         assert local.phase is Phase.WRITING
-        request = CompareAndSet(self.mcfg.key, encode_cached(local.view), local.token)
+        request = CompareAndSet(
+            self.mcfg.key, encode_cached(local.view, self.mcfg.variant.name), local.token
+        )
         current = None if self.store is None else 1
         ok = request.token == current or self.cfg.cas_ignores_token
         if ok:
@@ -1551,7 +1558,7 @@ def _tick(run: _Run) -> None:
         stored_before = dict(state.last_heartbeats)
         shifted = shift(state)
         stored_after = dict(shifted.last_heartbeats)
-        run.store = encode_cached(shifted)
+        run.store = encode_cached(shifted, cfg.variant.name)
     for slot, p in enumerate(run.procs):
         run.procs[slot] = evolve_proc(
             p,
@@ -1686,7 +1693,7 @@ def apply(world: World, move: Move, cfg: ModelConfig) -> Outcome:
         if kind == "cas_unknown_applied":
             current = None if run.store is None else 1
             if local.token == current or cfg.cas_ignores_token:
-                run.write(slot, encode_cached(local.view), lane)
+                run.write(slot, encode_cached(local.view, cfg.variant.name), lane)
         else:
             # The write was lost: this node's heartbeat may now go stale through an injected
             # fault, so its expiry is no longer a live node wrongly evicted.

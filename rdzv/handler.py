@@ -21,6 +21,7 @@ tools drive several nodes in one thread with a fake clock) or blocking (the hand
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import itertools
 import logging
@@ -75,7 +76,7 @@ from rdzv.torch_compat import (
     round_store,
     store_timeouts,
 )
-from spec.codec import decode
+from spec.codec import check_protocol, decode_with_protocol
 from spec.machine import (
     CORRUPT_ANNOUNCEMENTS,
     Announce,
@@ -101,6 +102,7 @@ from spec.machine import (
     Request,
     Sightings,
     StartOp,
+    Step,
     Wait,
     Withdraw,
     Withdrawn,
@@ -121,6 +123,7 @@ __all__ = [
     "DynamicRendezvousHandler",
     "IoStats",
     "LastDecoded",
+    "Narrator",
     "NodeDriver",
     "check_config_keys",
     "config_join_timeout",
@@ -194,6 +197,7 @@ _FAILURE_ERRORS: dict[FailKind, type[RendezvousError]] = {
     FailKind.TIMEOUT: RendezvousTimeoutError,
     FailKind.GRACEFUL_EXIT: RendezvousGracefulExitError,
     FailKind.CORRUPT_STATE: RendezvousStateError,
+    FailKind.PROTOCOL_MISMATCH: RendezvousStateError,
     FailKind.CONNECTION: RendezvousConnectionError,
 }
 
@@ -284,6 +288,160 @@ def max_slices(clock: Clock, budget: float) -> int:
     return math.ceil(max(budget, 0.0) / longest) + 1
 
 
+_NOT_THE_STORE = ("the handler failed", "bounding the operation failed")
+"""How :meth:`NodeDriver._io_failed` reasons start when no store call failed."""
+NARRATED_PRUNES = 1024
+"""How many pruned nodes a handler remembers having reported (so that each is reported
+once, however many of its reads still list the node); past it the memory starts over."""
+
+
+class Narrator:
+    """Turns one node's machine steps into log lines on the ``rdzv.handler`` logger, one
+    per real event (the JSON events of :mod:`rdzv.events` record every step, at DEBUG):
+
+    - INFO: waiting for the last call of a round (and when it ends), a node pruned (and
+      how long it was silent), the store reachable again, the rendezvous closed;
+    - WARNING: the store unreachable (once per outage, until a store call succeeds).
+
+    Joining a round is told by :meth:`DynamicRendezvousHandler.next_rendezvous`. Shared
+    by a handler's two machine states (thread-safe), so an event both see is told once."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self._lock = threading.Lock()
+        self._last_call: tuple[int, Millis] | None = None
+        """The (round, deadline) of the last call already told."""
+        self._pruned: dict[NodeId, None] = {}
+        """Nodes whose pruning was told (insertion-ordered, at most NARRATED_PRUNES)."""
+        self._closed = False
+        self._unreachable = False
+
+    def tell(self, driver: NodeDriver, before: Local, event: Event, result: Step) -> None:
+        """Log what ``event`` turning ``before`` into ``result`` means, if anything."""
+        if not logger.isEnabledFor(logging.INFO):
+            if isinstance(event, IoFailed) and logger.isEnabledFor(logging.WARNING):
+                self._io_failed(driver, before, event)
+            return
+        if isinstance(event, IoFailed):
+            self._io_failed(driver, before, event)
+        elif isinstance(event, ReadResult | CasResult) and self._unreachable:
+            with self._lock:
+                back, self._unreachable = self._unreachable, False
+            if back:
+                logger.info("node %s reaches the store of run %r again", before.node, self.run_id)
+        if result.pruned:
+            self._pruned_nodes(driver, before, event, result)
+        request = result.request
+        local = result.local
+        if isinstance(request, Wait):
+            self._waiting(driver, local, event.now)
+        elif isinstance(request, Fail) and request.kind in (
+            FailKind.CLOSED,
+            FailKind.GRACEFUL_EXIT,
+        ):
+            self._closed_once(
+                "node %s found the rendezvous of run %r closed (round %d): it stops rendezvousing",
+                local,
+            )
+        elif isinstance(request, Done) and request.op is Op.CLOSE:
+            self._closed_once("node %s closed the rendezvous of run %r (round %d)", local)
+
+    def _io_failed(self, driver: NodeDriver, before: Local, event: IoFailed) -> None:
+        if event.reason.startswith(_NOT_THE_STORE):
+            return  # the operation ended for a reason of the handler's, told by its error
+        with self._lock:
+            first, self._unreachable = not self._unreachable, True
+        if not first:
+            return
+        op = before.op
+        if op is Op.KEEP_ALIVE:
+            then = (
+                f"its keep-alive is retried every "
+                f"{to_seconds(driver.config.settings.keep_alive_interval):g} s"
+            )
+        else:
+            then = f"its {'operation' if op is None else op.value + ' operation'} fails"
+        logger.warning(
+            "node %s cannot reach the store of run %r (%s); %s, and the next success is logged",
+            before.node,
+            self.run_id,
+            event.reason,
+            then,
+        )
+
+    def _pruned_nodes(self, driver: NodeDriver, before: Local, event: Event, result: Step) -> None:
+        with self._lock:
+            fresh = [n for n in result.pruned if n not in self._pruned]
+            if len(self._pruned) + len(fresh) > NARRATED_PRUNES:
+                self._pruned.clear()
+            self._pruned.update(dict.fromkeys(fresh))
+        if not fresh:
+            return
+        settings = driver.config.settings
+        now = event.now
+        seen = {n: at for n, _, at in (*before.seen_beats, *before.watch)}
+        read: RendezvousState | None = None
+        data = event.data if isinstance(event, ReadResult | CasResult) else None
+        if data is not None and not seen:
+            with contextlib.suppress(Exception):  # decoded already: this only looks
+                read = driver.config.decode(data, driver.config.variant.name)
+        for node in fresh:
+            silent: Millis | None = None
+            if node in seen:
+                silent = now.mono - seen[node]
+            elif read is not None and (beat := read.heartbeat_of(node)) is not None:
+                silent = now.wall - beat
+            how_long = (
+                f"more than the heartbeat expiry, {to_seconds(settings.heartbeat_expiry):g} s"
+                if silent is None
+                else f"{to_seconds(silent):.1f} s; the heartbeat expiry is "
+                f"{to_seconds(settings.heartbeat_expiry):g} s"
+            )
+            logger.info(
+                "node %s pruned node %s from run %r (round %d): it was silent for %s",
+                before.node,
+                node,
+                self.run_id,
+                result.local.view.round,
+                how_long,
+            )
+
+    def _waiting(self, driver: NodeDriver, local: Local, now: Now) -> None:
+        view = local.view
+        if local.op is not Op.JOIN or view.complete or view.deadline is None:
+            return
+        if not view.is_participant(local.node):
+            return
+        key = (view.round, view.deadline)
+        with self._lock:
+            if self._last_call == key:
+                return
+            self._last_call = key
+        settings = driver.config.settings
+        if driver.config.variant.liveness_clock == LOCAL:  # measured from when first seen
+            seen = local.seen_last_call
+            first = seen[1] if seen is not None and seen[0] == view.deadline else now.mono
+            ends = first + settings.last_call_timeout - now.mono
+        else:
+            ends = view.deadline - now.wall
+        logger.info(
+            "node %s waits for the last call of round %d of run %r (%d of at most %d nodes "
+            "joined): it ends in %.1f s",
+            local.node,
+            view.round,
+            self.run_id,
+            view.num_participants,
+            settings.max_nodes,
+            max(0.0, to_seconds(ends)),
+        )
+
+    def _closed_once(self, message: str, local: Local) -> None:
+        with self._lock:
+            told, self._closed = self._closed, True
+        if not told:
+            logger.info(message, local.node, self.run_id, local.view.round)
+
+
 class NodeDriver:
     """Carries out one node's machine requests on a backend with a clock.
 
@@ -298,7 +456,11 @@ class NodeDriver:
         clock: Clock,
         rng: random.Random,
         run_id: str,
+        narrator: Narrator | None = None,
     ) -> None:
+        """``narrator`` tells the node's real events in the log (:class:`Narrator`; the
+        handler shares one between its two drivers); None: a narrator of its own."""
+        self.narrator = Narrator(run_id) if narrator is None else narrator
         self.config = config
         self.backend = backend
         self.clock = clock
@@ -314,12 +476,14 @@ class NodeDriver:
     # -- feeding the machine ------------------------------------------------------------
     def _feed(self, event: Event) -> None:
         op = event.op if isinstance(event, StartOp) else self.local.op
-        result = step(self.local, event, self.config)
+        before = self.local
+        result = step(before, event, self.config)
         self.stats.steps += 1
         if events.enabled():
             events.emit(
                 events.transition(self.run_id, event, result, None if op is None else op.value)
             )
+        self.narrator.tell(self, before, event, result)
         self.local = result.local
         self.request = result.request
 
@@ -561,15 +725,19 @@ class LastDecoded:
     def __init__(self) -> None:
         self._data: bytes | None = None
         self._state: RendezvousState | None = None
+        self._protocol: str | None = None
         self.decoded = 0
         """How many times bytes were really decoded (for tests and benchmarks)."""
 
-    def __call__(self, data: bytes) -> RendezvousState:
+    def __call__(self, data: bytes, protocol: str | None = None) -> RendezvousState:
         if self._state is not None and data == self._data:
-            return self._state
-        self.decoded += 1
-        state = decode(data)
-        self._data, self._state = bytes(data), state
+            state, stored = self._state, self._protocol
+        else:
+            self.decoded += 1
+            state, stored = decode_with_protocol(data)
+            self._data, self._state, self._protocol = bytes(data), state, stored
+        if protocol is not None:
+            check_protocol(stored, protocol)  # every time, as spec.decode does
         return state
 
 
@@ -590,6 +758,12 @@ def _failure_error(
             f"member that is not an rdzv node identity (another program or rdzv version "
             f"added it); give this job a run id of its own, or take the member out of the "
             f"set (the store's remove_member) once no node of the run is alive"
+        )
+    elif kind is FailKind.PROTOCOL_MISMATCH:
+        message = (
+            f"node {node} of run {run_id!r} stopped at once: {message}. The protocol is "
+            f"the 'protocol' option (--rdzv-conf protocol=NAME under torchrun, or "
+            f"protocol= of create_handler / from_backend)"
         )
     elif kind is FailKind.CORRUPT_STATE:
         message = (
@@ -956,7 +1130,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # cannot jump (SteadyWallClock): then only clock *rates* need to agree.
         machine_clock = SteadyWallClock(clock) if variant.liveness_clock == LOCAL else clock
         self._config = Config(settings=self._spec_settings, variant=variant, decode=LastDecoded())
-        self._driver = NodeDriver(node, self._config, backend, machine_clock, rng, settings.run_id)
+        narrator = Narrator(settings.run_id)
+        self._driver = NodeDriver(
+            node, self._config, backend, machine_clock, rng, settings.run_id, narrator
+        )
         # Queries and closes run on a machine state of their own (own reads, tokens and
         # decoder: LastDecoded is not thread-safe), so that they never wait for a join and
         # never touch the join's view. Both write through compare-and-set: a write of one
@@ -968,6 +1145,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             machine_clock,
             rng,
             settings.run_id,
+            narrator,
         )
         self._lock = threading.Lock()
         """Serializes the operations of ``_driver``: exit, join, keep-alive, and the
@@ -1061,6 +1239,17 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     raise
                 if bootstrap is not None:
                     self._joined = (round_, leader)
+                    logger.info(
+                        "node %s joined round %d of run %r as rank %d of %d (rank 0: %s, at %s:%d)",
+                        self._node,
+                        round_,
+                        self._settings.run_id,
+                        rank,
+                        view.num_participants,
+                        leader,
+                        bootstrap.master_addr,
+                        bootstrap.master_port,
+                    )
                     return RendezvousInfo(
                         round_store(prefix, self._store, self._given_store),
                         rank,

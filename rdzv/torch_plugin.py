@@ -34,6 +34,11 @@ here, as in :func:`rdzv.handler.create_handler`, it is the join timeout whenever
 :data:`rdzv.handler.HANDLER_CONFIG_KEYS`, those only this plug-in reads
 :data:`rdzv.handler.TORCHRUN_CONFIG_KEYS`; any other key is an error.
 
+The endpoint must be a store every agent can reach: ``memory://`` lives inside one
+process, so it is refused unless the job has exactly one agent
+(:func:`check_shared_store`). Logs go through ``logging`` under ``rdzv``, at the level
+torchrun's ``LOGLEVEL`` names (:func:`setup_torchrun_logging`).
+
 This module never imports torch at import time: torch is imported when torchrun calls
 the creator (it is loaded by then anyway).
 """
@@ -76,8 +81,10 @@ __all__ = [
     "RedundantNodeExit",
     "TorchStore",
     "TorchrunHandler",
+    "check_shared_store",
     "create_torchrun_handler",
     "rdzv_parameters",
+    "setup_torchrun_logging",
     "torch_store",
     "torchrun_handler_creator",
 ]
@@ -170,6 +177,7 @@ def rdzv_parameters(params: Any) -> tuple[RendezvousParameters, PluginOptions]:
             f"(or redis://host:6379/0, etcd://host:2379)"
         )
     ours = parameters_of(params, config)
+    check_shared_store(endpoint, ours.max_nodes)
     # The plug-in's own keys are read (so bad values get the usual clear errors) and
     # taken out: the handler does not know them. torchrun's ``timeout`` stays: the
     # handler reads it as the join timeout unless ``join_timeout`` is given.
@@ -183,6 +191,35 @@ def rdzv_parameters(params: Any) -> tuple[RendezvousParameters, PluginOptions]:
     for key in PLUGIN_KEYS:
         ours.config.pop(key, None)
     return ours, options
+
+
+SHARED_STORES = "sqlite:///path/job.db, redis://host:6379/0 or etcd://host:2379"
+"""The stores torchrun agents can share, as the refusal of ``memory://`` names them."""
+
+
+def check_shared_store(endpoint: str, max_nodes: int) -> None:
+    """``ValueError`` if ``endpoint`` is a ``memory://`` store and the job may have more
+    than one agent: under torchrun every agent is a process of its own, and a memory
+    store lives inside one process, so agents would never meet (each would wait for the
+    others until the join timeout). A job of exactly one agent (``--nnodes=1``) may use
+    it. A malformed URL is left to :func:`rdzv.stores.open_store`, which names the fix."""
+    from rdzv.stores.url import redact, split_url
+
+    try:
+        scheme, _ = split_url(endpoint)
+    except ValueError:
+        return
+    if scheme != "memory" or max_nodes <= 1:
+        return
+    raise ValueError(
+        f"--rdzv-endpoint={redact(endpoint)} is a memory:// store, which lives inside one "
+        f"process, but this job allows {max_nodes} agents (--nnodes up to {max_nodes}) and "
+        f"under torchrun every agent is a process of its own: they could never meet, and "
+        f"each would wait for the others until the join timeout. Give every agent the same "
+        f"shared store: {SHARED_STORES} (sqlite:// for agents on one host, redis:// or "
+        f"etcd:// for agents on many hosts); memory:// serves only a job of exactly one "
+        f"agent (--nnodes=1)"
+    )
 
 
 # -- errors ----------------------------------------------------------------------------------
@@ -395,9 +432,42 @@ def _torch_handler_class() -> type[TorchrunHandler]:
     return TorchrunRendezvousHandler
 
 
+LOG_FORMAT = "[%(levelname).1s %(asctime)s %(process)d %(name)s] %(message)s"
+"""The format of rdzv's log lines under torchrun when nothing else handles them."""
+_LOG_HANDLER_MARK = "_rdzv_torchrun_handler"
+
+
+def setup_torchrun_logging() -> None:
+    """Log as torch's elastic modules do under torchrun
+    (``torch.distributed.elastic.utils.logging.get_logger``): the ``rdzv`` logger's level
+    comes from the ``LOGLEVEL`` environment variable (``WARNING`` if unset; ``INFO`` shows
+    one line per rendezvous event, ``DEBUG`` adds the JSON events of ``rdzv.events``),
+    and, unless some handler already takes its records (the application configured
+    logging), it writes to stderr. Called by :func:`create_torchrun_handler`; calling it
+    again changes nothing but the level."""
+    log = logging.getLogger("rdzv")
+    level = os.environ.get("LOGLEVEL", "WARNING").strip().upper() or "WARNING"
+    try:
+        log.setLevel(level)
+    except ValueError:
+        log.setLevel(logging.WARNING)
+        logger.warning(
+            "LOGLEVEL=%r is not a logging level (DEBUG, INFO, WARNING, ERROR, CRITICAL); "
+            "rdzv logs at WARNING",
+            os.environ.get("LOGLEVEL"),
+        )
+    if log.hasHandlers():
+        return
+    handler = logging.StreamHandler()  # stderr, as torch's loggers
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    setattr(handler, _LOG_HANDLER_MARK, True)
+    log.addHandler(handler)
+
+
 def create_torchrun_handler(params: Any) -> TorchrunHandler:
     """The creator torchrun registers: torch's ``RendezvousParameters`` in, an instance
     of torch's ``RendezvousHandler`` out (see the module docstring)."""
+    setup_torchrun_logging()
     ours, options = rdzv_parameters(params)
     try:
         handler = create_handler(ours)

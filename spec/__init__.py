@@ -14,7 +14,16 @@ checker (``model_check``) and the real handler (``rdzv``) both interpret what is
 - :mod:`spec.invariants`: named safety properties.
 """
 
-from spec.codec import CorruptState, decode, decode_node, encode, encode_node
+from spec.codec import (
+    CorruptState,
+    ProtocolMismatch,
+    check_protocol,
+    decode,
+    decode_node,
+    decode_with_protocol,
+    encode,
+    encode_node,
+)
 from spec.effects import (
     UPSTREAM_EFFECTS,
     Fold,
@@ -146,6 +155,7 @@ __all__ = [
     "Now",
     "Op",
     "Phase",
+    "ProtocolMismatch",
     "Pruner",
     "Read",
     "ReadAnnounced",
@@ -169,12 +179,14 @@ __all__ = [
     "Withdraw",
     "Withdrawn",
     "WokeUp",
+    "check_protocol",
     "check_state",
     "check_step",
     "context",
     "dead_watched",
     "decode",
     "decode_node",
+    "decode_with_protocol",
     "encode",
     "encode_node",
     "evolve",

@@ -1,15 +1,25 @@
 """Canonical, versioned encoding of the shared state. Never pickle.
 
-Format (version 1): one JSON object, UTF-8, keys sorted, no whitespace::
+Format (version 2): one JSON object, UTF-8, keys sorted, no whitespace::
 
     {"closed":false,"complete":true,"deadline":null,
      "heartbeats":[["host",pid,local_id,wall_ms],...],
      "participants":[["host",pid,local_id,rank],...],
+     "protocol":"hardened",
      "redundancy_list":[["host",pid,local_id],...],
-     "round":3,"v":1,
+     "round":3,"v":2,
      "wait_list":[["host",pid,local_id],...]}
 
 Lists are sorted by node, so the same state always encodes to the same bytes.
+
+``protocol`` names the protocol variant (:mod:`spec.variants`) of the node that wrote the
+state. Nodes of different protocols must never share a state: their tables disagree on
+what it means, so they hang or complete rounds that neither would complete alone.
+:func:`decode` with ``protocol`` raises :class:`ProtocolMismatch` for a state another
+protocol wrote, which the node machine turns into an immediate failure naming both.
+Version 1 (the same object without ``protocol``, written by rdzv before it recorded the
+protocol) is still read, as a state of unknown protocol, which any node accepts; it is
+never written.
 
 Decoding accepts exactly this shape and nothing else: unknown or missing keys, wrong
 types (``true`` is not an integer), integers out of range, duplicate keys or nodes,
@@ -33,7 +43,12 @@ from spec.state import (
     valid_addr,
 )
 
-VERSION = 1
+VERSION = 2
+"""The version :func:`encode` writes."""
+READ_VERSIONS = (1, 2)
+"""The versions :func:`decode` reads (1: no ``protocol`` field)."""
+MAX_PROTOCOL_LEN = 64
+"""Longest protocol name accepted (printable ASCII, no spaces)."""
 MAX_INT = MAX_ID
 """Largest integer accepted anywhere in the state (fits a signed 64-bit field)."""
 MIN_INT = -(2**63)
@@ -44,6 +59,7 @@ MAX_BYTES = 64 * 1024 * 1024
 _KEYS = frozenset(
     {
         "v",
+        "protocol",
         "round",
         "complete",
         "closed",
@@ -54,20 +70,65 @@ _KEYS = frozenset(
         "heartbeats",
     }
 )
+_KEYS_V1 = _KEYS - {"protocol"}
 
 
 class CorruptState(ValueError):
     """The bytes in the store are not a valid rendezvous state."""
 
 
+class ProtocolMismatch(CorruptState):
+    """The state is valid, but a node of another protocol wrote it.
+
+    A :class:`CorruptState` (so that "decoding raises only CorruptState" still holds);
+    ``stored`` and ``expected`` name the two protocols."""
+
+    def __init__(self, stored: str, expected: str) -> None:
+        super().__init__(
+            f"the rendezvous state was written by a node of protocol {stored!r}, but this "
+            f"node runs protocol {expected!r}; every node of a run must use the same "
+            f"protocol: start this node with protocol={stored} (or restart the whole job "
+            f"with protocol={expected} under a new run id)"
+        )
+        self.stored = stored
+        self.expected = expected
+
+
+def valid_protocol(name: object) -> bool:
+    """Whether ``name`` can be recorded as a protocol: 1 to :data:`MAX_PROTOCOL_LEN`
+    printable ASCII characters without spaces (every variant name is one)."""
+    return (
+        isinstance(name, str)
+        and 0 < len(name) <= MAX_PROTOCOL_LEN
+        and name.isascii()
+        and name.isprintable()
+        and " " not in name
+    )
+
+
+def check_protocol(stored: str | None, expected: str) -> None:
+    """:class:`ProtocolMismatch` unless a node of protocol ``expected`` may use a state
+    that protocol ``stored`` wrote (``None``: a version-1 state, of unknown protocol)."""
+    if stored is not None and stored != expected:
+        raise ProtocolMismatch(stored, expected)
+
+
 def _node_fields(node: NodeId) -> list[Any]:
     return [node.addr, node.pid, node.local_id]
 
 
-def encode(state: RendezvousState) -> bytes:
-    """The canonical bytes of ``state``."""
+def encode(state: RendezvousState, protocol: str) -> bytes:
+    """The canonical bytes of ``state``, as written by a node of protocol ``protocol``
+    (a variant name; ``ValueError`` unless :func:`valid_protocol`)."""
+    if not valid_protocol(protocol):
+        raise ValueError(
+            f"protocol {protocol!r} cannot be recorded in the state: pass a variant name "
+            f"of 1 to {MAX_PROTOCOL_LEN} printable ASCII characters without spaces, e.g. "
+            f"'hardened'"
+        )
     doc = {
         "v": VERSION,
+        "protocol": protocol,
         "round": state.round,
         "complete": state.complete,
         "closed": state.closed,
@@ -233,8 +294,21 @@ def _node_map(value: Any, name: str, field: str, low: int = 0) -> tuple[tuple[No
     return tuple(sorted(pairs))
 
 
-def decode(data: bytes) -> RendezvousState:
-    """Parse and validate bytes produced by :func:`encode`; see the module docstring."""
+def decode(data: bytes, protocol: str | None = None) -> RendezvousState:
+    """Parse and validate bytes produced by :func:`encode`; see the module docstring.
+
+    With ``protocol``, a state written by a node of another protocol raises
+    :class:`ProtocolMismatch` (a :class:`CorruptState`)."""
+    state, stored = decode_with_protocol(data)
+    if protocol is not None:
+        check_protocol(stored, protocol)
+    return state
+
+
+def decode_with_protocol(data: bytes) -> tuple[RendezvousState, str | None]:
+    """:func:`decode`, and the protocol that wrote the state (``None`` for version 1),
+    for decoders that remember answers and check the protocol themselves
+    (:func:`check_protocol`)."""
     try:
         return _decode(data)
     except CorruptState:
@@ -247,7 +321,7 @@ def decode(data: bytes) -> RendezvousState:
         ) from None
 
 
-def _decode(data: bytes) -> RendezvousState:
+def _decode(data: bytes) -> tuple[RendezvousState, str | None]:
     if not isinstance(data, bytes | bytearray | memoryview):
         _bad(f"expected bytes, got {type(data).__name__}")
     raw = bytes(data)
@@ -276,13 +350,26 @@ def _decode(data: bytes) -> RendezvousState:
     if "v" not in doc:
         _bad("no version field 'v'; this is not a state written by rdzv")
     version = doc["v"]
-    if version != VERSION or isinstance(version, bool):
-        _bad(f"unsupported version {version!r}; this rdzv understands version {VERSION}")
+    if isinstance(version, bool) or version not in READ_VERSIONS:
+        _bad(
+            f"unsupported version {version!r}; this rdzv understands versions "
+            f"{', '.join(map(str, READ_VERSIONS))} (a newer rdzv may have written it: run "
+            f"the same rdzv version on every node)"
+        )
+    expected = _KEYS if version == VERSION else _KEYS_V1
     keys = set(doc)
-    if keys != _KEYS:
-        missing = sorted(_KEYS - keys)
-        unknown = sorted(keys - _KEYS)
+    if keys != expected:
+        missing = sorted(expected - keys)
+        unknown = sorted(keys - expected)
         _bad(f"missing keys {missing}, unknown keys {unknown}")
+    protocol: str | None = None
+    if version == VERSION:
+        protocol = doc["protocol"]
+        if not valid_protocol(protocol):
+            _bad(
+                f"protocol must be a name of 1 to {MAX_PROTOCOL_LEN} printable ASCII "
+                f"characters without spaces, got {str(protocol)[:80]!r}"
+            )
     deadline = doc["deadline"]
     interned: dict[tuple[str, int, int], NodeId] = {}
 
@@ -294,7 +381,7 @@ def _decode(data: bytes) -> RendezvousState:
         fast = _fast_entries(doc[name], 0, 0, interned)
         return tuple(n for n, _ in fast) if fast is not None else _node_list(doc[name], name)
 
-    return RendezvousState(
+    state = RendezvousState(
         round=_int(doc["round"], "round"),
         complete=_bool(doc["complete"], "complete"),
         closed=_bool(doc["closed"], "closed"),
@@ -304,3 +391,4 @@ def _decode(data: bytes) -> RendezvousState:
         redundancy_list=node_list("redundancy_list"),
         last_heartbeats=node_map("heartbeats", "time", MIN_INT),
     )
+    return state, protocol

@@ -9,10 +9,11 @@ machine never reads one.
 
 The loop it encodes, for one operation::
 
-    sync:    if dirty -> CompareAndSet(encode(view), token)      (answer: CasResult)
+    sync:    if dirty -> CompareAndSet(encode(view, protocol), token)  (answer: CasResult)
              elif the view was read less than cache_duration ago -> decide
              else -> Read                                          (answer: ReadResult)
-    absorb:  decode the returned bytes into the view, remember the token, sanitize
+    absorb:  decode the returned bytes into the view (a state another protocol wrote
+             fails the operation: protocol_mismatch), remember the token, sanitize
     decide:  first matching row of the operation's table ->
              mutating action: apply its effect to the view, mark dirty, sync
              SYNC:   Wait(until the next timer, or a change)      (answer: WokeUp)
@@ -35,7 +36,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
-from spec.codec import CorruptState, decode, decode_node, encode, encode_node
+from spec.codec import CorruptState, ProtocolMismatch, decode, decode_node, encode, encode_node
 from spec.effects import expired_by_wall
 from spec.settings import Settings
 from spec.state import EMPTY_STATE, Millis, NodeId, RendezvousState
@@ -384,10 +385,12 @@ class Config:
     beat_modulus: int = 2**31
     """Heartbeat values (heartbeats under keys) count modulo this; an observer only
     compares them for change. The model checker uses a small modulus to stay finite."""
-    decode: Callable[[bytes], RendezvousState] = decode
-    """How read bytes become a state: :func:`spec.decode` or an equivalent that may
-    remember earlier answers (the model checker reads the same few states many times);
-    it must raise :class:`CorruptState` exactly when ``spec.decode`` does."""
+    decode: Callable[[bytes, str], RendezvousState] = decode
+    """How read bytes become a state for a node of the protocol named by the second
+    argument: :func:`spec.decode` or an equivalent that may remember earlier answers
+    (the model checker reads the same few states many times); it must raise
+    :class:`CorruptState` and :class:`ProtocolMismatch` exactly when ``spec.decode``
+    does."""
 
 
 @dataclass(frozen=True)
@@ -586,7 +589,7 @@ def _op(local: Local) -> Op:
 
 def _sync(local: Local, now: Now, config: Config) -> Step:
     if local.dirty:
-        request = CompareAndSet(config.key, encode(local.view), local.token)
+        request = CompareAndSet(config.key, encode(local.view, config.variant.name), local.token)
         return Step(evolve(local, phase=Phase.WRITING), request)
     cache = config.settings.cache_duration
     if cache and local.synced_at is not None and local.synced_at >= now.mono - cache:
@@ -598,7 +601,11 @@ def _absorb(
     local: Local, data: bytes | None, token: Token | None, now: Now, config: Config
 ) -> Step:
     try:
-        view = EMPTY_STATE if data is None else config.decode(data)
+        view = EMPTY_STATE if data is None else config.decode(data, config.variant.name)
+    except ProtocolMismatch as exc:
+        # Another protocol's state: its tables disagree with ours on what it means, so
+        # going on would hang or complete rounds neither protocol would (issue 26).
+        return _fail(local, FailKind.PROTOCOL_MISMATCH, str(exc))
     except CorruptState as exc:
         return _fail(local, FailKind.CORRUPT_STATE, str(exc))
     variant, settings = config.variant, config.settings

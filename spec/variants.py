@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
 
+from spec.codec import MAX_PROTOCOL_LEN, valid_protocol
 from spec.effects import (
     UPSTREAM_EFFECTS,
     Effect,
@@ -130,6 +131,12 @@ class Variant:
     """Human-readable list of what differs from ``parent``."""
 
     def __post_init__(self) -> None:
+        if not valid_protocol(self.name):
+            raise ValueError(
+                f"variant name {self.name!r} cannot be recorded in the shared state (every "
+                f"state names the protocol that wrote it): use 1 to {MAX_PROTOCOL_LEN} "
+                f"printable ASCII characters without spaces, e.g. 'hardened-fix'"
+            )
         if self.liveness_clock not in (WALL, LOCAL):
             raise ValueError(
                 f"variant {self.name!r}: liveness_clock must be {WALL!r} or {LOCAL!r}, "

@@ -95,6 +95,8 @@ class FailKind(enum.Enum):
     """A redundant node found the rendezvous closed (RendezvousGracefulExitError)."""
     CORRUPT_STATE = "corrupt_state"
     """The store holds bytes that are not a valid state (RendezvousStateError)."""
+    PROTOCOL_MISMATCH = "protocol_mismatch"
+    """The state was written by a node of another protocol variant (RendezvousStateError)."""
     CONNECTION = "connection"
     """The store could not be reached or the outcome of a write is unknown."""
 

@@ -498,7 +498,7 @@ def test_event_parse_rejects_foreign_lines() -> None:
     with pytest.raises(ValueError, match="not an rdzv transition event"):
         rdzv_events.parse('{"hello": 1}')
     assert rdzv_events.state_version(None) is None
-    digest = rdzv_events.state_version(encode(RendezvousState.build(round=2)))
+    digest = rdzv_events.state_version(encode(RendezvousState.build(round=2), "hardened"))
     assert digest is not None and len(digest) == 12
     assert NodeId("h", 1, 2).__str__() == "h_1_2"
 

@@ -52,6 +52,11 @@ def _params(**config: Any) -> RendezvousParameters:
     return RendezvousParameters("rdzv", "memory://bad-input", "job", 1, 2, **config)
 
 
+def _plugin_params(**config: Any) -> RendezvousParameters:
+    """Parameters the torchrun plug-in takes with a memory store: one agent only."""
+    return RendezvousParameters("rdzv", "memory://bad-input", "job", 1, 1, **config)
+
+
 def _handler(**config: Any) -> DynamicRendezvousHandler:
     """A handler over a private store (torch's three-argument form: no named store)."""
     store = MemoryStore()
@@ -166,7 +171,7 @@ def test_plugin_keys_given_to_the_handler_point_to_the_plugin() -> None:
 
 def test_timeout_is_the_join_timeout_in_both_entry_points() -> None:
     assert _handler(timeout="5").settings.timeout.join == timedelta(seconds=5)
-    ours, _ = rdzv_parameters(_params(timeout="5"))
+    ours, _ = rdzv_parameters(_plugin_params(timeout="5"))
     store = MemoryStore()
     handler = create_handler(store, StoreRendezvousBackend(store, "job"), ours)
     assert handler.settings.timeout.join == timedelta(seconds=5)
@@ -176,7 +181,7 @@ def test_timeout_is_the_join_timeout_in_both_entry_points() -> None:
 def test_join_timeout_wins_over_timeout_in_both_entry_points(both: dict[str, str]) -> None:
     # torch's launcher puts ``timeout`` into every config: a join_timeout must win.
     assert _handler(**both).settings.timeout.join == timedelta(seconds=7)
-    ours, _ = rdzv_parameters(_params(**both))
+    ours, _ = rdzv_parameters(_plugin_params(**both))
     store = MemoryStore()
     handler = create_handler(store, StoreRendezvousBackend(store, "job"), ours)
     assert handler.settings.timeout.join == timedelta(seconds=7)

@@ -624,7 +624,7 @@ def test_a_written_state_round_trips_through_the_codec() -> None:
     with stopping(handler):
         handler.next_rendezvous()
         raw = store.get("rdzv/job/state")
-        assert encode(decode(raw)) == raw
+        assert encode(decode(raw), handler.variant.name) == raw
         assert handler.shutdown() is True
 
 
@@ -995,3 +995,96 @@ def test_wall_clock_skew_evicts_a_live_node_only_under_upstream(protocol: str) -
         else:
             assert (info_a.world_size, info_b.world_size) == (2, 2)
             assert sorted((info_a.rank, info_b.rank)) == [0, 1]
+
+
+# -- the log: one INFO line per real event (issue 26, item 5) ---------------------------------
+def _rdzv_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name.startswith("rdzv.")]
+
+
+def _logged(caplog: pytest.LogCaptureFixture, text: str) -> bool:
+    """Wait (bounded: 3000 polls of 10 ms) for a line of rdzv's log containing ``text``."""
+    for _ in range(3000):
+        if any(text in line for line in _rdzv_lines(caplog)):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_info_lines_tell_each_real_event_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Two nodes over SQLite: both wait for the last call, join round 0, one goes silent
+    # and the other prunes it, then closes the rendezvous. Each is one INFO line on the
+    # "rdzv.handler" logger; the JSON events stay at DEBUG.
+    conf = {"last_call_timeout": "0.5", "keep_alive_interval": "0.2", "keep_alive_max_attempt": "3"}
+    with (
+        caplog.at_level(logging.INFO, logger="rdzv"),
+        shut(make_handlers(sqlite_url(tmp_path), 2, 2, 3, **conf)) as (a, b),
+    ):
+        infos = run_all([a.next_rendezvous, b.next_rendezvous])
+        assert_one_round(infos, 2)
+        b.abandon_round()  # b's heartbeats stop: a must find it silent and prune it
+        assert _logged(caplog, f"pruned node {b.node} from run 'job'"), _rdzv_lines(caplog)
+        a.set_closed()
+        lines = _rdzv_lines(caplog)
+    for handler, info in zip((a, b), infos, strict=True):
+        joined = f"node {handler.node} joined round 0 of run 'job' as rank {info.rank} of 2"
+        assert sum(line.startswith(joined) for line in lines) == 1, lines
+        waits = f"node {handler.node} waits for the last call of round 0 of run 'job' ("
+        (waited,) = [line for line in lines if line.startswith(waits)]
+        assert "nodes joined): it ends in " in waited and waited.endswith(" s")
+    (pruned,) = [line for line in lines if f"pruned node {b.node}" in line]
+    assert pruned.startswith(f"node {a.node} pruned node {b.node} from run 'job' (round ")
+    assert "it was silent for " in pruned and "the heartbeat expiry is 0.6 s" in pruned
+    closed = f"node {a.node} closed the rendezvous of run 'job'"
+    assert sum(line.startswith(closed) for line in lines) == 1, lines
+    assert not [r for r in caplog.records if r.name == "rdzv.events"]  # DEBUG only
+    assert all(r.levelno == logging.INFO for r in caplog.records if r.name == "rdzv.handler")
+
+
+class _GoesAway(StoreRendezvousBackend):
+    """Fails every state read and write while ``down`` is set, as a store that is gone."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store, "job")
+        self.down = threading.Event()
+
+    def get_state(self) -> tuple[bytes, Token] | None:
+        if self.down.is_set():
+            raise ConnectionRefusedError("connection refused")
+        return super().get_state()
+
+
+def test_an_unreachable_store_is_told_once_per_outage(caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    store = MemoryStore()
+    backend = _GoesAway(store)
+    handler = DynamicRendezvousHandler.from_backend(
+        "job", store, backend, 1, 1, keep_alive_interval=5, clock=clock, cache_duration=0
+    )
+
+    def told(text: str) -> list[str]:
+        return [line for line in _rdzv_lines(caplog) if text in line]
+
+    down = f"node {handler.node} cannot reach the store of run 'job' (reading the state failed"
+    with stopping(handler), caplog.at_level(logging.INFO, logger="rdzv"):
+        handler.next_rendezvous()
+        assert clock.wait_for_sleepers(1)
+        backend.down.set()
+        for beats in (1, 2):  # two keep-alives fail: the outage is told once
+            clock.advance(5.0)
+            assert _logged(caplog, "keep-alive of node")
+            for _ in range(3000):  # bounded: wait for the failed keep-alive's warning
+                if len(told("keep-alive of node")) >= beats:
+                    break
+                time.sleep(0.01)
+            assert clock.wait_for_sleepers(1)
+        assert len(told(down)) == 1, _rdzv_lines(caplog)
+        assert "its keep-alive is retried every 5 s" in told(down)[0]
+        backend.down.clear()
+        clock.advance(5.0)
+        assert _logged(caplog, f"node {handler.node} reaches the store of run 'job' again")
+        assert handler.shutdown() is True
+    assert len(told("reaches the store of run 'job' again")) == 1
+    assert len(told(down)) == 1

@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -117,17 +117,28 @@ def _poll_waiting(handler: DynamicRendezvousHandler, folder: Path, k: int, index
 
 
 class Cluster:
-    def __init__(self, tmp_path: Path, n: int, min_nodes: int, max_nodes: int, **config: str):
+    def __init__(
+        self,
+        tmp_path: Path,
+        n: int,
+        min_nodes: int,
+        max_nodes: int,
+        *,
+        own: Sequence[Mapping[str, str]] = (),
+        **config: str,
+    ):
+        """``n`` workers with ``config``; worker ``i`` also with ``own[i]``, if given."""
         self.work = tmp_path / "work"
         self.work.mkdir()
         self.url = f"sqlite://{tmp_path / 'rdzv.db'}"
         ctx = multiprocessing.get_context("spawn")
         config.setdefault("join_timeout", "60")
         config.setdefault("cache_duration", "0")
+        configs = [{**config, **(own[i] if i < len(own) else {})} for i in range(n)]
         self.procs = [
             ctx.Process(
                 target=_worker,
-                args=(self.url, i, str(self.work), min_nodes, max_nodes, json.dumps(config)),
+                args=(self.url, i, str(self.work), min_nodes, max_nodes, json.dumps(configs[i])),
                 daemon=True,
             )
             for i in range(n)
@@ -149,6 +160,14 @@ class Cluster:
             results.append(json.loads(path.read_text()))
         return results
 
+    def alone(self, k: int, i: int) -> dict[str, Any]:
+        """Worker ``i`` alone runs round ``k`` (its own ``go`` file); its report."""
+        (self.work / f"go{k}-{i}").touch()
+        path = self.work / f"result-{k}-{i}.json"
+        assert _wait_for_file(path, PROCESS_JOIN), f"worker {i} did not finish round {k}"
+        report: dict[str, Any] = json.loads(path.read_text())
+        return report
+
     def stop(self) -> None:
         started = [p for p in self.procs if p.pid is not None]  # start() may have failed
         try:
@@ -165,8 +184,16 @@ class Cluster:
 
 
 @contextmanager
-def cluster(tmp_path: Path, n: int, lo: int, hi: int, **config: str) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, n, lo, hi, **config)
+def cluster(
+    tmp_path: Path,
+    n: int,
+    lo: int,
+    hi: int,
+    *,
+    own: Sequence[Mapping[str, str]] = (),
+    **config: str,
+) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, n, lo, hi, own=own, **config)
     try:
         c.start()
         yield c
@@ -207,8 +234,8 @@ def test_a_killed_node_is_pruned_and_the_others_re_form(tmp_path: Path) -> None:
     # prune live but starved processes on a loaded 2-core CI machine (seen with 1 s). The
     # last call (3 s) is how late a starved worker may join round 0 and still be counted;
     # round 1 (two survivors, min 2 < max 3) waits it out once.
-    config = {"keep_alive_interval": "0.5", "keep_alive_max_attempt": "6"}
-    with cluster(tmp_path, 3, 2, 3, last_call_timeout="3", **config) as c:
+    config = {"keep_alive_interval": "0.5", "keep_alive_max_attempt": "6", "last_call_timeout": "3"}
+    with cluster(tmp_path, 3, 2, 3, own=[config] * 3) as c:
         first = c.round(0, [0, 1, 2])
         _check_round(first, 3)
         victim = c.procs[2]
@@ -229,3 +256,25 @@ def test_a_killed_node_is_pruned_and_the_others_re_form(tmp_path: Path) -> None:
         with opened_store(c.url) as store:
             state = decode(store.get("rdzv/job/state"))
         assert dead not in {str(n) for n, _ in state.last_heartbeats}
+
+
+@pytest.mark.parametrize(
+    ("first", "second"), [("hardened", "scale"), ("scale", "hardened"), ("hardened", "upstream")]
+)
+def test_a_node_of_another_protocol_fails_at_once_naming_both(
+    tmp_path: Path, first: str, second: str
+) -> None:
+    # Issue 26, item 3: `hardened` beside `scale` hung until the join timeout, beside
+    # `upstream` it completed rounds silently. The state names the protocol that wrote
+    # it; a node of another one fails its first read (a state error, not the timeout).
+    own = [{"protocol": first}, {"protocol": second}]
+    with cluster(tmp_path, 2, 1, 1, own=own) as c:
+        joined = c.alone(0, 0)
+        assert joined.get("world_size") == 1, joined
+        refused = c.alone(0, 1)
+    error = refused.get("error", "")
+    assert error.startswith("RendezvousStateError: "), refused
+    assert f"written by a node of protocol {first!r}" in error
+    assert f"this node runs protocol {second!r}" in error
+    assert "every node of a run must use the same protocol" in error
+    assert "--rdzv-conf protocol=NAME" in error

@@ -154,11 +154,11 @@ def test_a_store_without_announcement_sets_is_refused_clearly() -> None:
 
 def test_the_decoder_remembers_one_state_per_node() -> None:
     from rdzv.handler import LastDecoded
-    from spec.codec import CorruptState, encode
+    from spec.codec import CorruptState, ProtocolMismatch, encode
     from spec.state import NodeId, RendezvousState
 
-    one = encode(RendezvousState.build(round=1, participants={NodeId("a", 1, 1): 0}))
-    two = encode(RendezvousState.build(round=2))
+    one = encode(RendezvousState.build(round=1, participants={NodeId("a", 1, 1): 0}), "scale")
+    two = encode(RendezvousState.build(round=2), "scale")
     memo = LastDecoded()
     first = memo(one)
     assert first == decode(one)
@@ -170,6 +170,10 @@ def test_the_decoder_remembers_one_state_per_node() -> None:
         with pytest.raises(CorruptState):
             memo(b"{not json")
     assert memo.decoded == 5
+    for _ in range(2):  # the protocol is checked every time, remembered bytes or not
+        with pytest.raises(ProtocolMismatch, match="protocol 'scale', but this node runs"):
+            memo(one, "hardened")
+    assert memo(one, "scale") == first and memo.decoded == 5  # ``one`` is still the latest
 
 
 def test_keep_alives_of_an_unchanged_state_decode_nothing() -> None:

@@ -1005,7 +1005,7 @@ def test_a_tick_never_makes_a_replaced_heartbeat_value_equal_again(forget: bool)
         seen_beats=((me, 0, 0), (gone, floor + t, -t)),
     )
     world = World(
-        spec.encode(state),
+        spec.encode(state, cfg.variant.name),
         (
             Proc(me, Pc.MEMBER, local, spec.Local(me), beating=True),
             Proc(gone, Pc.CRASHED, spec.Local(gone), spec.Local(gone)),
@@ -1105,7 +1105,9 @@ def relabel(world: World, mapping: dict[NodeId, NodeId], *, ranks: bool = True) 
     keeps them). Ranks stay attached to their nodes, or are all set to 0."""
     store = world.store
     if store is not None:
-        store = spec.encode(_relabel_state(spec.decode(store), mapping, ranks))
+        state, protocol = spec.decode_with_protocol(store)
+        assert protocol is not None
+        store = spec.encode(_relabel_state(state, mapping, ranks), protocol)
 
     def lane(local: spec.Local) -> spec.Local:
         return dataclasses.replace(

@@ -1,6 +1,6 @@
 """The codec: round trips, canonical bytes, malformed input, and the size budget.
 
-The contract under test: ``decode(encode(s)) == s`` for every valid state, equal states
+The contract under test: ``decode(encode(s, protocol)) == s`` for every valid state, equal states
 encode to equal bytes, and *no* input makes ``decode`` raise anything but
 :class:`spec.codec.CorruptState`.
 """
@@ -17,15 +17,22 @@ from hypothesis import strategies as st
 
 from spec.codec import (
     MAX_INT,
+    MAX_PROTOCOL_LEN,
     MIN_INT,
     VERSION,
     CorruptState,
+    ProtocolMismatch,
     decode,
     decode_node,
+    decode_with_protocol,
     encode,
     encode_node,
 )
 from spec.state import EMPTY_STATE, MAX_ADDR_LEN, NodeId, RendezvousState
+from spec.variants import VARIANTS
+
+P = "hardened"
+"""The protocol the tests' states are written by (any variant name would do)."""
 
 # -- strategies ---------------------------------------------------------------------------
 ints = st.integers(0, MAX_INT)
@@ -55,7 +62,7 @@ def states(draw: st.DrawFn) -> RendezvousState:
 
 
 def _doc(state: RendezvousState) -> dict[str, Any]:
-    parsed: dict[str, Any] = json.loads(encode(state))
+    parsed: dict[str, Any] = json.loads(encode(state, P))
     return parsed
 
 
@@ -72,23 +79,23 @@ SAMPLE = RendezvousState.build(
     redundancy_list=[NodeId("d", 4, 0)],
     last_heartbeats={NodeId(x, i + 1, 0): 1_800_000_000_000 + i for i, x in enumerate("abcd")},
 )
-SAMPLE_BYTES = encode(SAMPLE)
+SAMPLE_BYTES = encode(SAMPLE, P)
 
 
 # -- round trip and canonical form ----------------------------------------------------------
 @given(states())
 def test_round_trip(state: RendezvousState) -> None:
-    data = encode(state)
+    data = encode(state, P)
     assert decode(data) == state
-    assert encode(decode(data)) == data
+    assert encode(decode(data), P) == data
 
 
 def test_round_trip_of_the_empty_state() -> None:
-    assert decode(encode(EMPTY_STATE)) == EMPTY_STATE
+    assert decode(encode(EMPTY_STATE, P)) == EMPTY_STATE
 
 
 def test_encoding_is_compact_sorted_ascii_json() -> None:
-    data = encode(SAMPLE)
+    data = encode(SAMPLE, P)
     assert data.isascii()
     assert b" " not in data and b"\n" not in data
     doc = json.loads(data)
@@ -118,14 +125,14 @@ def test_equal_states_built_in_any_order_encode_identically(
         last_heartbeats=dict(shuffled(list(state.last_heartbeats))),
     )
     assert rebuilt == state
-    assert encode(rebuilt) == encode(state)
+    assert encode(rebuilt, P) == encode(state, P)
 
 
 def test_same_state_reached_by_different_update_orders_encodes_identically() -> None:
     a, b = NodeId("x", 1), NodeId("y", 2)
     one = EMPTY_STATE.evolve(participants={a: 0}).evolve(participants={a: 0, b: 0})
     two = EMPTY_STATE.evolve(participants={b: 0}).evolve(participants={b: 0, a: 0})
-    assert encode(one) == encode(two)
+    assert encode(one, P) == encode(two, P)
 
 
 def test_decode_accepts_unsorted_lists_and_bytes_like_input() -> None:
@@ -146,7 +153,7 @@ def test_canonical_and_reordered_encodings_decode_to_equal_states(
     doc = _doc(state)
     for key in ("participants", "heartbeats", "wait_list", "redundancy_list"):
         rnd.shuffle(doc[key])
-    fast, checked = decode(encode(state)), decode(_bytes(doc))
+    fast, checked = decode(encode(state, P)), decode(_bytes(doc))
     assert fast == checked == state
     assert [hash(n) for n, _ in fast.participants] == [hash(n) for n, _ in state.participants]
     assert [str(n) for n in fast.wait_list] == [str(n) for n in state.wait_list]
@@ -167,7 +174,7 @@ def _only_corrupt(data: Any) -> None:
     except CorruptState as exc:
         assert str(exc).startswith("the rendezvous state is corrupt")
         return
-    assert decode(encode(state)) == state
+    assert decode(encode(state, P)) == state
 
 
 @settings(max_examples=1500)
@@ -185,7 +192,7 @@ def test_random_bytes_after_a_brace(data: bytes) -> None:
 @settings(max_examples=500)
 @given(states(), st.data())
 def test_every_truncation_of_a_valid_encoding(state: RendezvousState, data: st.DataObject) -> None:
-    encoded = encode(state)
+    encoded = encode(state, P)
     cut = data.draw(st.integers(0, len(encoded) - 1))
     with pytest.raises(CorruptState):
         decode(encoded[:cut])
@@ -200,7 +207,7 @@ def test_all_truncations_of_the_sample() -> None:
 @settings(max_examples=1000)
 @given(states(), st.data())
 def test_byte_mutations_of_a_valid_encoding(state: RendezvousState, data: st.DataObject) -> None:
-    encoded = bytearray(encode(state))
+    encoded = bytearray(encode(state, P))
     for _ in range(data.draw(st.integers(1, 4))):
         where = data.draw(st.integers(0, len(encoded) - 1))
         kind = data.draw(st.sampled_from(["flip", "insert", "delete"]))
@@ -424,11 +431,21 @@ NAMED: list[tuple[str, bytes, str]] = [
      "participants[0]: the address must be a non-empty string"),
     ("lone-surrogate-waiter", _mutated(_set(("wait_list", 0, 0), "h\udfff")),
      "no lone surrogates"),
-    ("unknown-version", _mutated(_set(("v",), 2)), "unsupported version 2"),
+    ("unknown-version", _mutated(_set(("v",), 3)), "unsupported version 3"),
     ("version-zero", _mutated(_set(("v",), 0)), "unsupported version 0"),
     ("version-true", _mutated(_set(("v",), True)), "unsupported version True"),
     ("version-string", _mutated(_set(("v",), "1")), "unsupported version '1'"),
     ("no-version", _mutated(lambda d: d.pop("v")), "no version field"),
+    ("no-protocol", _mutated(lambda d: d.pop("protocol")), "missing keys ['protocol']"),
+    ("protocol-in-version-1", _mutated(_set(("v",), 1)), "unknown keys ['protocol']"),
+    ("int-protocol", _mutated(_set(("protocol",), 1)), "protocol must be a name"),
+    ("null-protocol", _mutated(_set(("protocol",), None)), "protocol must be a name"),
+    ("empty-protocol", _mutated(_set(("protocol",), "")), "protocol must be a name"),
+    ("spaced-protocol", _mutated(_set(("protocol",), "hard ened")), "protocol must be a name"),
+    ("non-ascii-protocol", _mutated(_set(("protocol",), "härdened")), "protocol must be a name"),
+    ("surrogate-protocol", _mutated(_set(("protocol",), "\ud800")), "protocol must be a name"),
+    ("long-protocol", _mutated(_set(("protocol",), "p" * (MAX_PROTOCOL_LEN + 1))),
+     "protocol must be a name"),
     ("missing-key", _mutated(lambda d: d.pop("closed")), "missing keys ['closed']"),
     ("extra-key", _mutated(_set(("extra",), 1)), "unknown keys ['extra']"),
     ("trailing-data", SAMPLE_BYTES + b"[", "invalid JSON (Extra data"),
@@ -480,7 +497,7 @@ def _big_state(participants: int, waiting: int) -> RendezvousState:
 )
 def test_state_size_budget(participants: int, waiting: int, budget: int) -> None:
     state = _big_state(participants, waiting)
-    data = encode(state)
+    data = encode(state, P)
     print(
         f"\n{participants} participants + {waiting} waiting: {len(data):,} bytes "
         f"(budget {budget:,}, {100 * len(data) / budget:.0f}%)"
@@ -511,11 +528,69 @@ def test_node_ids_the_codec_cannot_read_back_are_refused(
 def test_non_ascii_addresses_round_trip_and_print() -> None:
     node = NodeId("hôte-ü.例え", 7, 0)
     state = RendezvousState.build(participants={node: 0}, last_heartbeats={node: 5})
-    assert decode(encode(state)) == state
-    assert str(decode(encode(state)).participants[0][0]).encode("utf-8")
+    assert decode(encode(state, P)) == state
+    assert str(decode(encode(state, P)).participants[0][0]).encode("utf-8")
 
 
 def test_the_longest_allowed_address_round_trips() -> None:
     node = NodeId("a" * 1024, 2**63 - 1, 2**63 - 1)
     state = RendezvousState.build(participants={node: 0}, last_heartbeats={node: 5})
-    assert decode(encode(state)) == state
+    assert decode(encode(state, P)) == state
+
+
+# -- the protocol that wrote the state (issue 26) -------------------------------------------
+SAMPLE_V2 = (
+    b'{"closed":false,"complete":true,"deadline":null,'
+    b'"heartbeats":[["a",1,0,1800000000000],["b",2,0,1800000000001],'
+    b'["c",3,0,1800000000002],["d",4,0,1800000000003]],'
+    b'"participants":[["a",1,0,0],["b",2,1,1]],"protocol":"hardened",'
+    b'"redundancy_list":[["d",4,0]],"round":3,"v":2,"wait_list":[["c",3,0]]}'
+)
+"""The sample as version 2 writes it: the format, pinned byte for byte."""
+SAMPLE_V1 = SAMPLE_V2.replace(b'"protocol":"hardened",', b"").replace(b'"v":2', b'"v":1')
+"""The sample as rdzv wrote it before it recorded the protocol (version 1)."""
+
+
+def test_the_sample_encodes_to_the_pinned_version_2_bytes() -> None:
+    assert SAMPLE_BYTES == SAMPLE_V2
+    assert VERSION == 2
+
+
+@given(states(), st.sampled_from(sorted(VARIANTS)))
+def test_round_trip_keeps_the_protocol(state: RendezvousState, protocol: str) -> None:
+    data = encode(state, protocol)
+    assert decode_with_protocol(data) == (state, protocol)
+    assert decode(data, protocol) == state == decode(data)
+    assert encode(decode(data), protocol) == data
+
+
+@pytest.mark.parametrize(("stored", "expected"), [("hardened", "scale"), ("upstream", "hardened")])
+def test_a_state_of_another_protocol_is_refused_naming_both(stored: str, expected: str) -> None:
+    data = encode(SAMPLE, stored)
+    with pytest.raises(ProtocolMismatch) as info:
+        decode(data, expected)
+    error = info.value
+    assert isinstance(error, CorruptState)  # "decode raises only CorruptState" still holds
+    assert (error.stored, error.expected) == (stored, expected)
+    message = str(error)
+    assert f"protocol {stored!r}" in message and f"protocol {expected!r}" in message
+    assert "every node of a run must use the same protocol" in message
+    assert decode(data) == SAMPLE  # without a protocol to check, it reads as usual
+
+
+def test_a_version_1_state_is_read_as_of_unknown_protocol() -> None:
+    assert decode_with_protocol(SAMPLE_V1) == (SAMPLE, None)
+    for protocol in VARIANTS:
+        assert decode(SAMPLE_V1, protocol) == SAMPLE
+    assert encode(decode(SAMPLE_V1), P) == SAMPLE_V2  # written back as version 2
+
+
+@pytest.mark.parametrize("protocol", ["", "a b", "härdened", "p" * (MAX_PROTOCOL_LEN + 1), 7])
+def test_encode_refuses_a_protocol_it_could_not_read_back(protocol: Any) -> None:
+    with pytest.raises(ValueError, match="cannot be recorded in the state"):
+        encode(SAMPLE, protocol)
+
+
+def test_every_variant_name_can_be_recorded() -> None:
+    for name, variant in VARIANTS.items():
+        assert decode_with_protocol(encode(EMPTY_STATE, name))[1] == variant.name == name

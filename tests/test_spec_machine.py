@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spec.codec import decode, encode
+from spec.codec import decode, decode_with_protocol, encode
 from spec.invariants import check_step
 from spec.machine import (
     STATE_KEY,
@@ -44,13 +44,15 @@ from spec.machine import (
 from spec.settings import Settings
 from spec.state import EMPTY_STATE, NodeId, RendezvousState
 from spec.tables import Atom, Context
-from spec.variants import HARDENED, SCALE, TORCH_213, UPSTREAM, Variant
+from spec.variants import HARDENED, SCALE, TORCH_213, UPSTREAM, VARIANTS, Variant
 from spec.vocabulary import Action, FailKind, Op
 
 ME = NodeId("worker-0.example.com", 4242, 0)
 A, B, C = (NodeId(f"worker-{i}.example.com", 4242, 0) for i in (1, 2, 3))
 SETTINGS = Settings(min_nodes=2, max_nodes=3, cache_duration=1000)
 CONFIG = Config(SETTINGS)
+PROTOCOL = CONFIG.variant.name
+"""The protocol of :data:`CONFIG`: the one its states are written by."""
 MONO = 50_000
 WALL = 1_800_000_000_000
 JOIN = SETTINGS.join_timeout
@@ -69,7 +71,7 @@ def started(op: Op, dt: int = 0, local: Local | None = None, config: Config = CO
 
 def read(s: Step, state: RendezvousState | None, token: int, dt: int = 0) -> Step:
     assert isinstance(s.request, Read)
-    data = None if state is None else encode(state)
+    data = None if state is None else encode(state, CONFIG.variant.name)
     return step(s.local, ReadResult(data, token, at(dt)), CONFIG)
 
 
@@ -316,7 +318,7 @@ def test_cas_conflict_re_decides_on_the_returned_state() -> None:
         participants={A: 0, B: 1, C: 2},
         last_heartbeats={A: WALL, B: WALL, C: WALL},
     )
-    s = step(s.local, CasResult(encode(full), 9, False, at(2)), CONFIG)
+    s = step(s.local, CasResult(encode(full, PROTOCOL), 9, False, at(2)), CONFIG)
     assert s.action is Action.ADD_TO_REDUNDANCY_LIST
     assert isinstance(s.request, CompareAndSet)
     assert s.request.token == 9
@@ -342,7 +344,8 @@ def _with_dead_participant() -> RendezvousState:
 )
 def test_pruning_a_participant_marks_dirty_per_variant(config: Config, dirty: bool) -> None:
     s = started(Op.QUERY, config=config)
-    s = step(s.local, ReadResult(encode(_with_dead_participant()), 3, at()), config)
+    data = encode(_with_dead_participant(), config.variant.name)
+    s = step(s.local, ReadResult(data, 3, at()), config)
     assert s.request == Done(Op.QUERY)
     assert s.pruned == (A,)
     assert s.local.view.participant_map() == {B: 0}
@@ -351,7 +354,7 @@ def test_pruning_a_participant_marks_dirty_per_variant(config: Config, dirty: bo
     # The next operation writes the pruned view first only when dirty.
     nxt = started(Op.QUERY, local=s.local, config=config)
     if dirty:
-        assert nxt.request == CompareAndSet(STATE_KEY, encode(s.local.view), 3)
+        assert nxt.request == CompareAndSet(STATE_KEY, encode(s.local.view, config.variant.name), 3)
     else:
         assert nxt.request == Done(Op.QUERY)  # cache still fresh, nothing to write
 
@@ -364,7 +367,8 @@ def test_pruning_only_waiting_nodes_never_marks_dirty(config: Config) -> None:
         redundancy_list=[C],
         last_heartbeats={A: WALL - EXPIRY - 1, B: WALL, C: WALL - EXPIRY - 1},
     )
-    s = step(started(Op.QUERY, config=config).local, ReadResult(encode(state), 1, at()), config)
+    data = encode(state, config.variant.name)
+    s = step(started(Op.QUERY, config=config).local, ReadResult(data, 1, at()), config)
     assert s.pruned == (A, C)
     assert not s.local.dirty
 
@@ -392,7 +396,7 @@ def test_leaving_the_redundancy_list_resets_the_op_deadline() -> None:
         last_heartbeats={A: WALL, B: WALL, ME: WALL},
     )
     s = step(Local(ME), StartOp(Op.JOIN, MONO + 10, at()), CONFIG)
-    s = step(s.local, ReadResult(encode(state), 1, at(777)), CONFIG)
+    s = step(s.local, ReadResult(encode(state, PROTOCOL), 1, at(777)), CONFIG)
     assert (s.action, s.row) == (Action.REMOVE_FROM_REDUNDANCY_LIST, 4)
     assert s.local.deadline == MONO + 777 + JOIN
     assert isinstance(s.request, CompareAndSet)
@@ -425,17 +429,44 @@ def test_corrupt_bytes_fail_with_corrupt_state(data: bytes, via: str) -> None:
 def test_read_bytes_go_through_the_configured_decoder() -> None:
     decoded: list[bytes] = []
 
-    def remembering(data: bytes) -> RendezvousState:
+    def remembering(data: bytes, protocol: str) -> RendezvousState:
         decoded.append(data)
-        return decode(data)
+        return decode(data, protocol)
 
     config = Config(SETTINGS, decode=remembering)
-    data = encode(RendezvousState.build(participants={A: 0}, last_heartbeats={A: WALL}))
+    state = RendezvousState.build(participants={A: 0}, last_heartbeats={A: WALL})
+    data = encode(state, PROTOCOL)
     s = step(started(Op.JOIN, config=config).local, ReadResult(data, 1, at()), config)
     assert decoded == [data]
     assert A in s.local.view.participant_map()
     s = step(started(Op.JOIN, config=config).local, ReadResult(b"[]", 1, at()), config)
     assert isinstance(s.request, Fail) and s.request.kind is FailKind.CORRUPT_STATE
+
+
+@pytest.mark.parametrize("via", ["read", "lost write"])
+def test_a_state_of_another_protocol_fails_the_operation_naming_both(via: str) -> None:
+    # Issue 26, item 3: a node never acts on a state another protocol wrote.
+    data = encode(RendezvousState.build(participants={A: 0}, last_heartbeats={A: WALL}), "scale")
+    s = started(Op.JOIN)
+    if via == "read":
+        s = step(s.local, ReadResult(data, 1, at()), CONFIG)
+    else:
+        s = step(s.local, ReadResult(None, None, at()), CONFIG)  # -> CAS of our own
+        assert isinstance(s.request, CompareAndSet)
+        s = step(s.local, CasResult(data, 1, False, at()), CONFIG)
+    assert isinstance(s.request, Fail)
+    assert (s.request.op, s.request.kind) == (Op.JOIN, FailKind.PROTOCOL_MISMATCH)
+    assert "protocol 'scale'" in s.request.message
+    assert f"protocol {PROTOCOL!r}" in s.request.message
+    assert A not in s.local.view.participant_map()  # nothing of the foreign state taken in
+
+
+def test_a_node_writes_its_protocol_into_the_state() -> None:
+    for variant in VARIANTS.values():
+        config = Config(SETTINGS, variant)
+        s = step(started(Op.CLOSE, config=config).local, ReadResult(None, None, at()), config)
+        assert isinstance(s.request, CompareAndSet), variant.name
+        assert decode_with_protocol(s.request.data)[1] == variant.name
 
 
 @pytest.mark.parametrize("phase", ["reading", "writing", "waiting"])
@@ -687,7 +718,7 @@ WALL_CLOCK = Config(UNCACHED, UPSTREAM)
 def query(config: Config, local: Local, state: RendezvousState, mono: int, wall: int) -> Step:
     s = step(local, StartOp(Op.QUERY, mono + JOIN, Now(mono, wall)), config)
     assert isinstance(s.request, Read)
-    s = step(s.local, ReadResult(encode(state), 1, Now(mono, wall)), config)
+    s = step(s.local, ReadResult(encode(state, config.variant.name), 1, Now(mono, wall)), config)
     assert isinstance(s.request, Done)
     return s
 
@@ -813,7 +844,7 @@ def test_borrowed_sightings_let_a_query_prune_a_node_its_node_saw_stand_still() 
     seen = ((A, WALL - 1, MONO - EXPIRY - 1), (ME, WALL, MONO))
     borrowed = step(Local(ME), StartOp(Op.QUERY, MONO + JOIN, at(), sightings=seen), cfg)
     fresh = step(Local(ME), StartOp(Op.QUERY, MONO + JOIN, at()), cfg)
-    data = ReadResult(encode(state), 1, at())
+    data = ReadResult(encode(state, cfg.variant.name), 1, at())
     pruned = step(borrowed.local, data, cfg)
     assert pruned.pruned == (A,) and not pruned.local.view.is_participant(A)
     kept = step(fresh.local, data, cfg)

@@ -324,7 +324,7 @@ def test_node_identities_round_trip_and_garbage_is_refused() -> None:
     for garbage in (b"", b"[1,2]", b'["a",1]', b'["a",-1,0]', b"\xff", b'["a",1,2,3]'):
         with pytest.raises(CorruptState):
             decode_node(garbage)
-    assert encode(EMPTY_STATE)  # the state codec is untouched by members
+    assert encode(EMPTY_STATE, "scale")  # the state codec is untouched by members
 
 
 # -- heartbeats under keys -----------------------------------------------------------------------
@@ -346,7 +346,7 @@ def test_the_first_participant_watches_everybody_and_everybody_watches_it() -> N
 def _keep_alive(local: Local, config: Config, now: Now) -> Step:
     s = step(local, StartOp(Op.KEEP_ALIVE, now.mono + 60_000, now), config)
     if isinstance(s.request, Read):  # not when the last read is within cache_duration
-        s = step(s.local, ReadResult(encode(COMPLETE3), 1, now), config)
+        s = step(s.local, ReadResult(encode(COMPLETE3, config.variant.name), 1, now), config)
     return s
 
 
@@ -437,7 +437,7 @@ def test_an_announcer_admitted_before_it_withdrew_leaves_the_round_too() -> None
     s = step(s.local, Withdrawn(late), config)
     # A fold admitted both before the announcement left the set (min_nodes not reached).
     folded = fold_announced(EMPTY_STATE, other, (me, other), config.settings, WALL)
-    s = step(s.local, ReadResult(encode(folded), 1, late), config)
+    s = step(s.local, ReadResult(encode(folded, config.variant.name), 1, late), config)
     assert s.action is Action.REMOVE_FROM_PARTICIPANTS
     assert isinstance(s.request, CompareAndSet)
     assert decode(s.request.data).participant_nodes() == (other,)

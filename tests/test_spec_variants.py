@@ -195,7 +195,7 @@ def test_the_machine_runs_the_variant_it_is_given() -> None:
     for variant in (UPSTREAM, no_window):
         config = Config(settings, variant)
         s = step(Local(me), StartOp(Op.JOIN, 999, now), config)
-        s = step(s.local, ReadResult(encode(state), 1, now), config)
+        s = step(s.local, ReadResult(encode(state, variant.name), 1, now), config)
         results[variant.name] = s
     assert results["upstream"].action is Action.REMOVE_FROM_PARTICIPANTS
     failed = results["no-window"].request

@@ -1,9 +1,11 @@
 """The torchrun plug-in: the entry point, the adapter, and real torchrun runs.
 
-The first part drives the adapter in one process (threads, ``memory://``). The second
-starts real ``torchrun`` agents (``python -m torch.distributed.run``, CPU, gloo, loopback)
-that load the ``rdzv`` backend through the installed ``torchrun.handlers`` entry point,
-so the package must be installed with it (``pip install -e '.[torch]'``).
+The first part drives the adapter in one process (threads; ``memory://`` for a job of
+one agent, SQLite for several: the plug-in refuses a memory store for more, since
+torchrun's agents could not share it). The second starts real ``torchrun`` agents
+(``python -m torch.distributed.run``, CPU, gloo, loopback) that load the ``rdzv`` backend
+through the installed ``torchrun.handlers`` entry point, so the package must be installed
+with it (``pip install -e '.[torch]'``).
 
 Bounds: every wait of a torchrun test is bounded by :data:`RUN_WITHIN_S` (agents) or
 :data:`STEP_WITHIN_S` (one expected event); every process a test starts (agents, and the
@@ -15,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -45,7 +49,7 @@ from rdzv.errors import (
     RendezvousStateError,
     StoreTimeoutError,
 )
-from rdzv.stores import MemoryStore, drop_memory_store
+from rdzv.stores import MemoryStore, drop_memory_store, memory_store_names
 from rdzv.torch_plugin import (
     BACKEND_NAME,
     CONFIG_KEYS,
@@ -53,6 +57,7 @@ from rdzv.torch_plugin import (
     TorchStore,
     create_torchrun_handler,
     rdzv_parameters,
+    setup_torchrun_logging,
     torch_error,
     torchrun_handler_creator,
 )
@@ -100,9 +105,16 @@ def _torch_params(endpoint: str, run_id: str, min_nodes: int, max_nodes: int, **
 
 @pytest.fixture
 def memory_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A memory store: the plug-in takes it for a job of one agent only."""
     name = f"torchrun-{request.node.name}"
     yield f"memory://{name}"
     drop_memory_store(name)
+
+
+@pytest.fixture
+def sqlite_file(tmp_path: Path) -> str:
+    """A shared store for in-process jobs of several agents (threads)."""
+    return f"sqlite://{tmp_path / 'rdzv.db'}"
 
 
 # -- the entry point -------------------------------------------------------------------------
@@ -129,7 +141,7 @@ def test_torch_registry_builds_a_torch_handler_named_rdzv(memory_url: str) -> No
     # What torchrun does: register the creator, then build the handler from parameters.
     registry = torch_api.RendezvousHandlerRegistry()
     registry.register(BACKEND_NAME, cast(Any, torchrun_handler_creator()))
-    handler = registry.create_handler(_torch_params(memory_url, "job", 1, 2, timeout=900))
+    handler = registry.create_handler(_torch_params(memory_url, "job", 1, 1, timeout=900))
     try:
         assert isinstance(handler, torch_api.RendezvousHandler)
         assert handler.get_backend() == "rdzv"
@@ -171,9 +183,9 @@ def test_torchruns_timeout_is_the_join_timeout_unless_join_timeout_is_given(
     config: dict[str, Any], join: float, memory_url: str
 ) -> None:
     # The plug-in passes torchrun's ``timeout`` on untouched: the handler reads it.
-    ours, _ = rdzv_parameters(_torch_params("memory://x", "job", 1, 2, **config))
+    ours, _ = rdzv_parameters(_torch_params("memory://x", "job", 1, 1, **config))
     assert ours.config == config
-    handler = create_torchrun_handler(_torch_params(memory_url, "job", 1, 2, **config))
+    handler = create_torchrun_handler(_torch_params(memory_url, "job", 1, 1, **config))
     try:
         assert handler.handler.settings.timeout.join == timedelta(seconds=join)
     finally:
@@ -182,7 +194,7 @@ def test_torchruns_timeout_is_the_join_timeout_unless_join_timeout_is_given(
 
 def test_the_join_timeout_reaches_the_handler(memory_url: str) -> None:
     handler = create_torchrun_handler(
-        _torch_params(memory_url, "job", 1, 2, timeout="42", keep_alive_interval="0.25")
+        _torch_params(memory_url, "job", 1, 1, timeout="42", keep_alive_interval="0.25")
     )
     try:
         settings = handler.handler.settings
@@ -193,17 +205,17 @@ def test_the_join_timeout_reaches_the_handler(memory_url: str) -> None:
 
 
 def test_plugin_options_parse_strings() -> None:
-    _, options = rdzv_parameters(_torch_params("memory://x", "job", 1, 2))
+    _, options = rdzv_parameters(_torch_params("memory://x", "job", 1, 1))
     assert options.use_agent_store and options.exit_when_redundant
     _, options = rdzv_parameters(
-        _torch_params("memory://x", "job", 1, 2, use_agent_store="false", exit_when_redundant="no")
+        _torch_params("memory://x", "job", 1, 1, use_agent_store="false", exit_when_redundant="no")
     )
     assert not options.use_agent_store and not options.exit_when_redundant
 
 
 def test_torchs_switch_turns_the_agent_store_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    _, options = rdzv_parameters(_torch_params("memory://x", "job", 1, 2))
+    _, options = rdzv_parameters(_torch_params("memory://x", "job", 1, 1))
     assert not options.use_agent_store
 
 
@@ -221,7 +233,7 @@ def test_torchs_switch_turns_the_agent_store_off(monkeypatch: pytest.MonkeyPatch
 )
 def test_bad_conf_values_are_clear_errors(conf: dict[str, str], expected: str) -> None:
     with pytest.raises(ValueError) as raised:
-        create_torchrun_handler(_torch_params("memory://bad-conf", "job", 1, 2, **conf))
+        create_torchrun_handler(_torch_params("memory://bad-conf", "job", 1, 1, **conf))
     # Where torch refuses the same value, the message is torch's and ours is the note.
     assert expected in "\n".join([str(raised.value), *getattr(raised.value, "__notes__", [])])
     drop_memory_store("bad-conf")
@@ -229,9 +241,83 @@ def test_bad_conf_values_are_clear_errors(conf: dict[str, str], expected: str) -
 
 def test_every_config_key_is_listed_in_the_unknown_key_error() -> None:
     with pytest.raises(ValueError) as raised:
-        rdzv_parameters(_torch_params("memory://x", "job", 1, 2, read_timeout="60"))
+        rdzv_parameters(_torch_params("memory://x", "job", 1, 1, read_timeout="60"))
     for key in CONFIG_KEYS:
         assert repr(key) in str(raised.value)
+
+
+MEMORY_REFUSAL = (
+    "is a memory:// store, which lives inside one process, but this job allows {n} agents"
+)
+
+
+@pytest.mark.parametrize(("min_nodes", "max_nodes"), [(1, 2), (2, 2), (1, 1024)])
+def test_a_memory_store_is_refused_for_a_job_of_several_agents(
+    min_nodes: int, max_nodes: int
+) -> None:
+    # Issue 26, item 6: under torchrun each agent is a process; a memory store is not
+    # shared between processes, so the agents would each wait alone until the timeout.
+    for build in (rdzv_parameters, create_torchrun_handler):
+        with pytest.raises(ValueError) as raised:
+            build(_torch_params("memory://job", "job", min_nodes, max_nodes))
+        message = str(raised.value)
+        assert MEMORY_REFUSAL.format(n=max_nodes) in message
+        for shared in ("sqlite://", "redis://", "etcd://", "--nnodes=1"):
+            assert shared in message
+    assert "job" not in memory_store_names()  # refused before any store was opened
+
+
+def test_a_memory_store_serves_a_job_of_one_agent(memory_url: str) -> None:
+    handler = create_torchrun_handler(_torch_params(memory_url, "job", 1, 1, timeout="30"))
+    try:
+        info = handler.next_rendezvous()
+        assert (info.rank, info.world_size) == (0, 1)
+    finally:
+        handler.shutdown()
+
+
+@pytest.fixture
+def rdzv_logger() -> Iterator[logging.Logger]:
+    """The "rdzv" logger, its level, handlers and propagation restored afterwards."""
+    log = logging.getLogger("rdzv")
+    saved = (log.level, list(log.handlers), log.propagate)
+    try:
+        yield log
+    finally:
+        log.setLevel(saved[0])
+        log.handlers[:] = saved[1]
+        log.propagate = saved[2]
+
+
+@pytest.mark.parametrize(
+    ("value", "level"),
+    [("INFO", logging.INFO), ("debug", logging.DEBUG), (None, logging.WARNING), ("loud", 30)],
+)
+def test_the_plugin_logs_at_torchs_loglevel(
+    rdzv_logger: logging.Logger, monkeypatch: pytest.MonkeyPatch, value: str | None, level: int
+) -> None:
+    # As torch's elastic modules do: the level from LOGLEVEL, WARNING by default.
+    if value is None:
+        monkeypatch.delenv("LOGLEVEL", raising=False)
+    else:
+        monkeypatch.setenv("LOGLEVEL", value)
+    rdzv_logger.propagate = False  # as if nothing handled the records: stderr is added
+    rdzv_logger.handlers[:] = []
+    setup_torchrun_logging()
+    setup_torchrun_logging()  # again: no second handler
+    assert rdzv_logger.level == level
+    (handler,) = rdzv_logger.handlers
+    assert isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr
+
+
+def test_the_plugin_adds_no_handler_when_logging_is_configured(
+    rdzv_logger: logging.Logger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOGLEVEL", "INFO")
+    mine = logging.NullHandler()
+    rdzv_logger.handlers[:] = [mine]
+    setup_torchrun_logging()
+    assert rdzv_logger.handlers == [mine] and rdzv_logger.level == logging.INFO
 
 
 def test_an_empty_endpoint_names_the_store_urls() -> None:
@@ -333,8 +419,8 @@ def _in_threads(calls: list[Callable[[], Any]]) -> list[Any]:
     return results
 
 
-def test_every_member_gets_rank_0s_agent_store_fresh_each_round(memory_url: str) -> None:
-    params = _torch_params(memory_url, "job", 2, 2, timeout=IN_PROCESS_WITHIN_S)
+def test_every_member_gets_rank_0s_agent_store_fresh_each_round(sqlite_file: str) -> None:
+    params = _torch_params(sqlite_file, "job", 2, 2, timeout=IN_PROCESS_WITHIN_S)
     handlers = [create_torchrun_handler(params) for _ in range(2)]
     try:
         for round_ in range(2):
@@ -435,8 +521,8 @@ def test_a_node_whose_agent_store_fails_stops_its_heartbeats(
         handler.shutdown()
 
 
-def test_without_the_agent_store_rank_0_publishes_a_free_port(memory_url: str) -> None:
-    params = _torch_params(memory_url, "job", 2, 2, timeout=IN_PROCESS_WITHIN_S)
+def test_without_the_agent_store_rank_0_publishes_a_free_port(sqlite_file: str) -> None:
+    params = _torch_params(sqlite_file, "job", 2, 2, timeout=IN_PROCESS_WITHIN_S)
     params.config["use_agent_store"] = "0"
     handlers = [create_torchrun_handler(params) for _ in range(2)]
     try:
@@ -715,6 +801,14 @@ def _check_allreduce(cluster: Cluster, agents: list[Agent], shared: bool) -> Non
     assert {r["sum"] for r in records} == {3.0}  # (0 + 1) + (1 + 1)
     assert len({r["master"] for r in records}) == 1
     assert {r["use_agent_store"] for r in records} == {str(shared)}
+    # At LOGLEVEL=INFO each agent tells its rendezvous events (issue 26, item 5).
+    joined = re.compile(
+        rf"^\[I [^]]* rdzv\.handler\] node \S+ joined round \d+ of run "
+        rf"'{re.escape(cluster.run_id)}' as rank [01] of 2 ",
+        re.MULTILINE,
+    )
+    for agent in agents:
+        assert joined.search(agent.log.read_text()), agent.tail()
 
 
 @pytest.mark.slow
@@ -763,6 +857,19 @@ def test_a_bad_conf_value_stops_torchrun_with_a_clear_error(
 
 
 @pytest.mark.slow
+def test_torchrun_refuses_a_memory_store_for_several_agents(
+    cluster_factory: Callable[[str], Cluster],
+) -> None:
+    cluster = cluster_factory("memory://job")
+    agent = cluster.start("a", "1:2", "allreduce.py")
+    assert cluster.wait(agent) != 0
+    log = agent.log.read_text()
+    assert MEMORY_REFUSAL.format(n=2) in log, cluster.logs()
+    assert "sqlite:///path/job.db, redis://host:6379/0 or etcd://host:2379" in log
+    assert not list(cluster.folder.glob("allreduce-*.json"))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["hardened", "scale"])
 def test_survivors_rerendezvous_when_an_agent_is_killed(
     cluster_factory: Callable[[str], Cluster], tmp_path: Path, protocol: str
@@ -791,6 +898,15 @@ def test_survivors_rerendezvous_when_an_agent_is_killed(
     assert cluster.wait(survivor) == 0, cluster.logs()
     after = [r for r in cluster.progress(survivor.name) if r["pid"] not in before]
     assert {(r["world_size"], r["rank"], r["sum"]) for r in after} == {(1, 0, 1.0)}
+    # The survivor said what it waited for (issue 26, item 5: it used to print nothing):
+    # the last call of its new round, then the round it joined alone; under `hardened`
+    # it prunes the dead node from the state (under `scale` the round it leaves ends,
+    # and the dead node is in no later round).
+    told = survivor.log.read_text()
+    assert " waits for the last call of round " in told, survivor.tail()
+    assert " joined round " in told and " as rank 0 of 1 " in told, survivor.tail()
+    if protocol == "hardened":
+        assert " pruned node " in told and " it was silent for " in told, survivor.tail()
     # A worker failure used one restart: torch counts it, membership changes it does not.
     assert {r["restart_count"] for r in after} == {1}
 

@@ -14,6 +14,7 @@ simply sent again: its backend first finds out by reading whether the write happ
 
 from __future__ import annotations
 
+import logging
 import os
 import ssl
 import time
@@ -27,6 +28,8 @@ from urllib.parse import unquote, urlsplit
 from rdzv.errors import RendezvousConnectionError, RendezvousError
 from rdzv.stores.common import BaseStore, check_keys, timeout_error, wait_seconds
 from rdzv.stores.url import StoreUrlError, redact, split_query
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -262,13 +265,15 @@ def with_retries(
     fail: Callable[[BaseException, int], RendezvousConnectionError],
     deadline: float | None = None,
     expired: Callable[[], T] | None = None,
+    on_retry: Callable[[BaseException, list[float]], None] | None = None,
 ) -> T:
     """Run ``call``; on a ``transient`` error sleep and try again, at most ``retries``
     more times (and never past the monotonic ``deadline``). The last error is turned into
     ``fail(error, attempts)``, except that when the deadline stops the retries and
     ``expired`` is given, ``expired()`` is returned (a wait that ran out of time while the
     server was unreachable just times out; the caller's next request reports the
-    outage). Non-transient errors propagate unchanged."""
+    outage). Non-transient errors propagate unchanged. ``on_retry(error, delays)`` is
+    called before the first retry, with the sleeps the retries take."""
     delays = backoff_delays(retries)
     attempt = 0
     while True:  # bounded: at most retries + 1 passes
@@ -285,6 +290,8 @@ def with_retries(
                 if expired is not None:
                     return expired()
                 raise fail(exc, attempt) from exc
+            if attempt == 1 and on_retry is not None:
+                on_retry(exc, delays)
             time.sleep(delay)
 
 
@@ -320,6 +327,25 @@ class RemoteStore(BaseStore):
         self._epoch: bytes | None = None
         self._lost: str | None = None
         self._closed = False
+        self._retrying = False
+        """A call had to retry and none has succeeded since (logged once per outage)."""
+
+    def _retrying_now(self, doing: str, exc: BaseException, delays: list[float]) -> None:
+        """Log the first retry of an outage (until a call succeeds again)."""
+        if self._retrying:
+            return
+        self._retrying = True
+        logger.warning(
+            "the %s store at %s is unreachable while %s (%s: %s); retrying up to %d times "
+            "over %.1f s",
+            self._KIND,
+            self._shown,
+            doing,
+            type(exc).__name__,
+            str(exc).replace("\n", " ")[:200],
+            len(delays),
+            sum(delays),
+        )
 
     @property
     def endpoint(self) -> str:
@@ -446,14 +472,19 @@ class RemoteStore(BaseStore):
         ``keys`` are the server-side keys it uses (for :meth:`_explain`)."""
         self._check_not_lost()
         try:
-            return with_retries(
+            result = with_retries(
                 call,
                 retries=self._retries,
                 transient=self._transient,
                 fail=self._fail(doing),
                 deadline=deadline,
                 expired=expired,
+                on_retry=lambda exc, delays: self._retrying_now(doing, exc, delays),
             )
+            if self._retrying:
+                self._retrying = False
+                logger.info("the %s store at %s answers again", self._KIND, self._shown)
+            return result
         except Exception as exc:
             explained = self._explain(exc, doing, keys)
             if explained is None:
