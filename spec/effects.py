@@ -383,10 +383,7 @@ def fold_and_complete(
     wall_now: Millis,
 ) -> RendezvousState:
     """:func:`fold_announced`, then complete the round (the last call is over)."""
-    new = fold_announced(state, node, announced, settings, wall_now)
-    if not new.complete and settings.min_nodes <= new.num_participants <= settings.max_nodes:
-        new = mark_complete(new, node, settings, wall_now)
-    return new
+    return _fold_then_complete(state, node, announced, settings, wall_now, mark_complete)
 
 
 def fold_and_complete_clearing_wait_list(
@@ -397,7 +394,21 @@ def fold_and_complete_clearing_wait_list(
     wall_now: Millis,
 ) -> RendezvousState:
     """:func:`fold_and_complete` with :func:`mark_complete_clearing_wait_list`."""
-    new = fold_announced_clearing_wait_list(state, node, announced, settings, wall_now)
+    return _fold_then_complete(
+        state, node, announced, settings, wall_now, mark_complete_clearing_wait_list
+    )
+
+
+def _fold_then_complete(
+    state: RendezvousState,
+    node: NodeId,
+    announced: tuple[NodeId, ...],
+    settings: Settings,
+    wall_now: Millis,
+    complete: Effect,
+) -> RendezvousState:
+    """:func:`_fold` with ``complete``, then ``complete`` a viable open round."""
+    new = _fold(state, node, announced, settings, wall_now, complete)
     if not new.complete and settings.min_nodes <= new.num_participants <= settings.max_nodes:
-        new = mark_complete_clearing_wait_list(new, node, settings, wall_now)
+        new = complete(new, node, settings, wall_now)
     return new

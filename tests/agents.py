@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 EVENT_WAIT_S = 90.0
 """Real seconds the controller waits for an event before it fails the test."""
@@ -48,6 +48,9 @@ LOG_POLL_S = 0.05
 """Real seconds between the controller's reads of the logs while it waits."""
 
 REPO = Path(__file__).resolve().parent.parent
+
+S = TypeVar("S")
+"""A stored state, as a test's watcher reads it (rdzv's or torch's)."""
 
 NO_TORCH = {"RDZV_TORCH": "0"}
 """The environment of a test process that never meets torch code: rdzv then does not
@@ -509,6 +512,21 @@ class Agents:
                 f"agent {index} exited with {proc.returncode}: {self.events(index)[-5:]}\n"
                 f"{self.stderr(index)}"
             )
+
+    def until_state(self, what: str, read: Callable[[], S], test: Callable[[S], bool]) -> S:
+        """Wait (as :meth:`wait_until`) until a state ``read()`` returns passes ``test``;
+        returns that state (the tests' store watchers read it from their own store)."""
+        found: list[S] = []
+
+        def check() -> bool:
+            state = read()
+            if test(state):
+                found.append(state)
+                return True
+            return False
+
+        self.wait_until(what, check)
+        return found[0]
 
     def wait_until(
         self, what: str, predicate: Callable[[], bool], within: float = EVENT_WAIT_S

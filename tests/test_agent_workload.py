@@ -74,17 +74,7 @@ class Watcher:
     def until(
         self, group: Agents, what: str, test: Callable[[RendezvousState], bool]
     ) -> RendezvousState:
-        found: list[RendezvousState] = []
-
-        def check() -> bool:
-            state = self.state()
-            if test(state):
-                found.append(state)
-                return True
-            return False
-
-        group.wait_until(what, check)
-        return found[0]
+        return group.until_state(what, self.state, test)
 
 
 def _rounds(group: Agents) -> set[int]:

@@ -103,17 +103,7 @@ class Watcher:
     def until(
         self, group: Agents, what: str, test: Callable[[_RendezvousState], bool]
     ) -> _RendezvousState:
-        found: list[_RendezvousState] = []
-
-        def check() -> bool:
-            state = self.state()
-            if test(state):
-                found.append(state)
-                return True
-            return False
-
-        group.wait_until(what, check)
-        return found[0]
+        return group.until_state(what, self.state, test)
 
     def watch(self, group: Agents, seconds: float) -> list[_RendezvousState]:
         """The states seen in ``seconds``; no agent may have failed meanwhile."""
