@@ -1,5 +1,8 @@
 """The ``hardened`` and ``scale`` protocols from 8 to 1,024 nodes, on real Redis and etcd.
 
+``scale`` is the handler's default protocol (``rdzv.api.DEFAULT_PROTOCOL``); its rows say
+``scale (default)``, and ``--default-only`` (or ``--protocols default``) measures it alone.
+
 For each N, store and protocol, N handlers call ``next_rendezvous`` at one instant for a
 min = max = N round. The nodes are P worker processes x about N/P threads (column
 ``nodes``; by default at most ``THREADS_PER_PROC`` threads per process, ``--procs``
@@ -13,7 +16,8 @@ the *server* moved during the round: Redis ``INFO stats`` (``total_net_input_byt
 A second round with ``keep_alive_interval`` = 1 s is then left running: its handlers'
 keep-alive threads beat, and the server's bytes (and the nodes' CAS) over
 ``--steady-intervals`` intervals are reported per interval. For N <= 128 torch's own
-DynamicRendezvousHandler over a c10d TCPStore runs the same round (``bench_handler``).
+DynamicRendezvousHandler over a c10d TCPStore runs the same round (``bench_handler``):
+columns ``c10d torch s`` and ``c10d/rdzv`` (torch's seconds divided by the row's).
 
 Every measurement runs in a fresh subprocess bounded by ``--cap`` seconds (the join
 timeout) plus start-up slack, so the threads of a failed round cannot slow the next one;
@@ -24,6 +28,8 @@ a failed or killed measurement prints ``failed: <reason>`` in its row.
     python3 benchmarks/bench_scale.py --sizes 8,64 --stores redis --markdown
     python3 benchmarks/bench_scale.py --sizes 128,1024 --stores redis,etcd --protocols scale \
         --no-torch --no-plots --markdown --cap 60        # the issue's targets
+    python3 benchmarks/bench_scale.py --default-only --sizes 8,128,1024 --no-plots \
+        --markdown                  # the default protocol beside torch's c10d handler
 
 Plots (SVG, log-log) go to docs/benchmarks/ unless ``--no-plots``.
 """
@@ -68,6 +74,8 @@ QUICK_SIZES = (8, 64)
 STORES = ("redis", "etcd")
 ALL_STORES = ("memory", "sqlite", "redis", "etcd")
 PROTOCOLS = ("hardened", "scale")
+DEFAULT = "default"
+"""What ``--protocols`` takes for the handler's default protocol (``rdzv.api.DEFAULT_PROTOCOL``)."""
 TORCH_MAX_N = 128
 """Largest N torch's handler is run at (its threads poll a TCPStore once per second)."""
 CAP_S = 120.0
@@ -616,7 +624,7 @@ class Row:
 
 COLUMNS = (
     ("store", 6),
-    ("protocol", 8),
+    ("protocol", 15),
     ("N", 5),
     ("seconds", 8),
     ("cas", 7),
@@ -628,10 +636,17 @@ COLUMNS = (
     ("steady cas/int", 14),
     ("steady lost/int", 15),
     ("steady beats/int", 16),
-    ("torch s", 7),
-    ("torch/rdzv", 10),
+    ("c10d torch s", 12),
+    ("c10d/rdzv", 9),
     ("nodes", 7),
 )
+
+
+def protocol_label(protocol: str) -> str:
+    """A row's protocol as printed: the handler's default says so, e.g. ``scale (default)``."""
+    from rdzv.api import DEFAULT_PROTOCOL
+
+    return f"{protocol} (default)" if protocol == DEFAULT_PROTOCOL else protocol
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -675,7 +690,7 @@ def row_cells(row: Row) -> list[str] | str:
 
 
 def text_line(row: Row) -> str:
-    head = [row.store, row.protocol, str(row.n)]
+    head = [row.store, protocol_label(row.protocol), str(row.n)]
     cells = row_cells(row)
     widths = [w for _, w in COLUMNS]
     start = " ".join(f"{c:<{w}}" if i < 2 else f"{c:>{w}}" for i, (c, w) in enumerate(
@@ -731,7 +746,8 @@ def markdown_table(rows: Sequence[Row]) -> str:
                 cells[6] = "failed: " + row.steady.error.replace("|", "/")
             if row.torch is not None and not row.torch.ok:
                 cells[10] = "failed: " + row.torch.error.replace("|", "/")
-        lines.append("| " + " | ".join([row.store, row.protocol, str(row.n), *cells]) + " |")
+        label = protocol_label(row.protocol)
+        lines.append("| " + " | ".join([row.store, label, str(row.n), *cells]) + " |")
     return "\n".join(lines)
 
 
@@ -939,7 +955,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", help="comma-separated N values (default 8,64,128,512,1024)")
     parser.add_argument("--quick", action="store_true", help="N = 8, 64 (smoke run)")
     parser.add_argument("--stores", default=",".join(STORES), help="of memory,sqlite,redis,etcd")
-    parser.add_argument("--protocols", default=",".join(PROTOCOLS), help="hardened,scale")
+    parser.add_argument(
+        "--protocols",
+        default=",".join(PROTOCOLS),
+        help=f"of hardened,scale,{DEFAULT} ({DEFAULT}: the handler's default protocol)",
+    )
+    parser.add_argument(
+        "--default-only",
+        action="store_true",
+        help="only the handler's default protocol (the same as --protocols default)",
+    )
     parser.add_argument("--cap", type=float, default=CAP_S, help="seconds per measurement")
     parser.add_argument("--steady-intervals", type=int, default=STEADY_INTERVALS)
     parser.add_argument(
@@ -1002,7 +1027,11 @@ def main(argv: list[str] | None = None) -> int:
             "memory:// keeps its data inside one process, so its nodes cannot span "
             f"--procs {args.procs} processes; use --procs 1, or sqlite to test processes"
         )
-    protocols = _list(parser, args.protocols, PROTOCOLS, "protocol")
+    from rdzv.api import DEFAULT_PROTOCOL
+
+    chosen = DEFAULT if args.default_only else args.protocols
+    names = _list(parser, chosen, (*PROTOCOLS, DEFAULT), "protocol")
+    protocols = list(dict.fromkeys(DEFAULT_PROTOCOL if p == DEFAULT else p for p in names))
     with_torch = not args.no_torch and torch_available()
     window = f"{args.steady_intervals}x{args.steady_interval:g}s"
     print(
