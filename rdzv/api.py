@@ -40,6 +40,7 @@ __all__ = [
     "DEFAULT_KEEP_ALIVE_INTERVAL",
     "DEFAULT_KEEP_ALIVE_MAX_ATTEMPT",
     "DEFAULT_PROTOCOL",
+    "FALLBACK_PROTOCOL",
     "MAX_DURATION",
     "RendezvousClosedError",
     "RendezvousConnectionError",
@@ -61,8 +62,17 @@ DEFAULT_KEEP_ALIVE_MAX_ATTEMPT = 3
 """Missed heartbeats after which a node is pruned as dead (torch's default)."""
 DEFAULT_CACHE_DURATION = 1.0
 """Seconds a node reuses its last read of the state (torch's default)."""
-DEFAULT_PROTOCOL = "hardened"
-"""The protocol variant (``spec.variants``) a handler runs unless told otherwise."""
+DEFAULT_PROTOCOL = "scale"
+"""The protocol variant (``spec.variants``) a handler runs unless told otherwise: ``scale``,
+which has every guarantee of ``hardened`` and joins and beats without contention (one
+compare-and-set per round, heartbeats under per-node keys), so it reaches 1,024 nodes where
+``hardened`` does not (docs/benchmarks.md). It needs a backend that keeps announcement sets
+and heartbeat keys (every rdzv store) and a state that never expires; where either is
+missing, the default is :data:`FALLBACK_PROTOCOL` instead (:func:`rdzv.handler.default_variant`)."""
+FALLBACK_PROTOCOL = "hardened"
+"""The default over a backend that cannot run :data:`DEFAULT_PROTOCOL`: torch's own backends
+(``C10dRendezvousBackend``), a bare ``torch.distributed.Store``, a backend of your own that
+keeps no announcement sets, or a store whose keys expire (Redis's ``ttl``)."""
 MAX_DURATION = timedelta(days=3650)
 """The longest timeout or interval a handler accepts: 10 years, far beyond any job, and far
 inside what ``timedelta`` (about 2.7 million years) and a thread's wait

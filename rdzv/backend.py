@@ -84,6 +84,17 @@ class RendezvousBackend(ABC):
         unwritten that long while nodes still use it."""
         return None
 
+    @property
+    def keeps_sets_and_beats(self) -> bool:
+        """True when this backend keeps announcement sets and heartbeat keys (what
+        ``scale``, the default protocol, needs). This default says so when the subclass
+        overrides all five methods below; :class:`StoreRendezvousBackend` asks its store."""
+        cls = type(self)
+        return all(
+            getattr(cls, name) is not getattr(RendezvousBackend, name)
+            for name in ("announce", "announced", "withdraw", "beat", "beats")
+        )
+
     def _cannot(self, what: str) -> NotImplementedError:
         return NotImplementedError(
             f"the {self.name!r} backend keeps no {what}, which the chosen protocol variant "
@@ -250,6 +261,15 @@ class StoreRendezvousBackend(RendezvousBackend):
             # The store returns ``expected`` only for an absent key (a deleted state).
             return self._current(written=False)
         return result, result, False
+
+    @property
+    def keeps_sets_and_beats(self) -> bool:
+        """True when the store has member sets and ``try_get`` (every rdzv store; a torch
+        ``Store`` has neither)."""
+        return all(
+            callable(getattr(self._store, name, None))
+            for name in ("add_member", "members", "remove_member", "try_get")
+        )
 
     def _announce_key(self, round_: int) -> str:
         return f"rdzv/{self._run_id}/announce/{round_}"

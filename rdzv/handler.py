@@ -44,6 +44,7 @@ from rdzv.api import (
     DEFAULT_KEEP_ALIVE_INTERVAL,
     DEFAULT_KEEP_ALIVE_MAX_ATTEMPT,
     DEFAULT_PROTOCOL,
+    FALLBACK_PROTOCOL,
     RendezvousHandler,
     RendezvousInfo,
     RendezvousParameters,
@@ -128,6 +129,7 @@ __all__ = [
     "check_config_keys",
     "config_join_timeout",
     "create_handler",
+    "default_variant",
     "new_node_id",
 ]
 
@@ -926,6 +928,22 @@ def _check_state_expiry(
         )
 
 
+def default_variant(backend: RendezvousBackend) -> Variant:
+    """The protocol a handler over ``backend`` runs when none is named: :data:`DEFAULT_PROTOCOL`
+    (``scale``), unless ``backend`` cannot carry it, then :data:`FALLBACK_PROTOCOL`
+    (``hardened``, the same guarantees with everything inside the one state). ``scale``
+    needs announcement sets and heartbeat keys (every rdzv store has them; torch's
+    ``C10dRendezvousBackend`` and a bare torch ``Store`` do not), and a state that never
+    expires: it writes the state only when the membership changes, so a store whose keys
+    expire (Redis's ``ttl``) would lose it. Naming ``protocol=scale`` over such a backend
+    is refused as before, with the reason."""
+    variant = get_variant(DEFAULT_PROTOCOL)
+    needs_keys = variant.announces or variant.heartbeats == KEY_BEATS
+    if needs_keys and (not backend.keeps_sets_and_beats or backend.state_expiry is not None):
+        return get_variant(FALLBACK_PROTOCOL)
+    return variant
+
+
 def _spec_settings(settings: RendezvousSettings, cache_duration: float) -> Settings:
     """The one place where a handler's settings become spec's integer milliseconds."""
     return Settings(
@@ -1025,7 +1043,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         keep_alive_interval: timedelta | float = DEFAULT_KEEP_ALIVE_INTERVAL,
         keep_alive_max_attempt: int = DEFAULT_KEEP_ALIVE_MAX_ATTEMPT,
         *,
-        protocol: str | Variant = DEFAULT_PROTOCOL,
+        protocol: str | Variant | None = None,
         cache_duration: float = DEFAULT_CACHE_DURATION,
         clock: Clock | None = None,
         rng: random.Random | None = None,
@@ -1033,7 +1051,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """A handler for run ``run_id`` whose state lives in ``backend``; round
         namespaces and bootstrap info go into ``store``.
 
-        ``protocol`` names a variant of :mod:`spec.variants`; ``cache_duration`` is how
+        ``protocol`` names a variant of :mod:`spec.variants` (None: :func:`default_variant`,
+        ``scale`` over an rdzv store, else ``hardened``); ``cache_duration`` is how
         long (seconds) a node reuses its last read; ``clock`` and ``rng`` default to the
         system clock and a fresh ``random.Random``.
 
@@ -1060,9 +1079,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
             )
         if local_addr is not None:
             check_local_addr(local_addr)
-        if not isinstance(protocol, str | Variant):
+        if protocol is not None and not isinstance(protocol, str | Variant):
             raise TypeError(
-                f"protocol must be a variant name or a spec.variants.Variant, got "
+                f"protocol must be a variant name, a spec.variants.Variant or None, got "
                 f"{_got(protocol)}; pass e.g. 'hardened' or 'upstream'"
             )
         settings = RendezvousSettings(
@@ -1073,7 +1092,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
             keep_alive_interval=_as_interval(keep_alive_interval),
             keep_alive_max_attempt=keep_alive_max_attempt,
         )
-        variant = get_variant(protocol) if isinstance(protocol, str) else protocol
+        if protocol is None:
+            variant = default_variant(backend)
+        else:
+            variant = get_variant(protocol) if isinstance(protocol, str) else protocol
         return cls(
             node=new_node_id(local_addr),
             settings=settings,
@@ -1673,7 +1695,9 @@ def create_handler(
     fractions allowed): ``join_timeout`` (600), ``timeout`` (the join timeout unless
     ``join_timeout`` is given; torchrun's), ``last_call_timeout`` (30), ``close_timeout``
     (30), ``heartbeat_timeout`` (5), ``keep_alive_interval`` (5),
-    ``keep_alive_max_attempt`` (3), ``cache_duration`` (1), ``protocol`` ("hardened").
+    ``keep_alive_max_attempt`` (3), ``cache_duration`` (1), ``protocol`` (``scale``
+    over an rdzv store; ``hardened`` over a torch store or backend, or a store whose keys
+    expire: :func:`default_variant`).
     Any other key is a ``ValueError`` listing these.
     """
     if params is None and backend is None:
@@ -1727,14 +1751,14 @@ def create_handler(
     )
     attempts = params.get_as_int("keep_alive_max_attempt", DEFAULT_KEEP_ALIVE_MAX_ATTEMPT)
     cache = _config_duration(params, "cache_duration", allow_zero=True)
-    protocol = params.get("protocol", DEFAULT_PROTOCOL)
+    protocol = params.get("protocol")
     assert attempts is not None
-    if not isinstance(protocol, str):
+    if protocol is not None and not isinstance(protocol, str):
         raise ValueError(
             f"rendezvous config option 'protocol': got {protocol!r}; pass a variant name "
             f"such as 'upstream'"
         )
-    variant = get_variant(protocol)
+    variant = None if protocol is None else get_variant(protocol)
 
     def build(store: Any, backend: Any) -> DynamicRendezvousHandler:
         return DynamicRendezvousHandler.from_backend(

@@ -36,8 +36,10 @@ from rdzv import (
     create_handler,
 )
 from rdzv import events as rdzv_events
+from rdzv.api import DEFAULT_PROTOCOL, FALLBACK_PROTOCOL
+from rdzv.backend import RendezvousBackend
 from rdzv.clock import FakeClock, SteadyWallClock, SystemClock, now_of, to_millis, to_seconds
-from rdzv.handler import NODE_NONCE_BITS, new_node_id
+from rdzv.handler import NODE_NONCE_BITS, default_variant, new_node_id
 from rdzv.stores import MemoryStore
 from spec.codec import encode
 from spec.state import NodeId, RendezvousState
@@ -486,7 +488,10 @@ def test_every_transition_is_logged_as_json(caplog: pytest.LogCaptureFixture) ->
         assert {r["node"] for r in records} == {str(handler.node)}
         assert [r["op"] for r in records if r["input"] == "start_op"] == ["exit", "join"]
         actions = [r["action"] for r in records if r["action"]]
-        assert "add_to_participants" in actions and actions[-1] == "finish"
+        # The default protocol (scale) joins through the announcement set and a fold.
+        assert handler.variant.name == DEFAULT_PROTOCOL
+        joined = "fold_announcements" if handler.variant.announces else "add_to_participants"
+        assert joined in actions and actions[-1] == "finish"
         last = records[-1]
         assert last["request"] == "done" and last["complete"] is True and last["round"] == 0
         assert last["version"] == rdzv_events.state_version(store.get("rdzv/job/state"))
@@ -503,7 +508,17 @@ def test_event_parse_rejects_foreign_lines() -> None:
     assert NodeId("h", 1, 2).__str__() == "h_1_2"
 
 
-ANSWERS = {"read": "read_result", "compare_and_set": "cas_result", "wait": "woke_up"}
+ANSWERS = {
+    "read": "read_result",
+    "compare_and_set": "cas_result",
+    "wait": "woke_up",
+    # The requests outside the state register (scale, the default protocol).
+    "announce": "announced",
+    "read_announced": "announced_members",
+    "withdraw": "withdrawn",
+    "beat": "beaten",
+    "read_beats": "beat_values",
+}
 
 
 def test_event_traces_pair_every_request_with_its_answer(
@@ -561,3 +576,40 @@ def test_handler_docs_name_every_event_input_and_request() -> None:
     names = [*rdzv_events._INPUT_NAMES.values(), *rdzv_events._REQUEST_NAMES.values()]
     missing = [name for name in names if f"`{name}`" not in section]
     assert not missing, f"docs/handler.md#events does not list {missing}"
+
+
+def test_the_default_protocol_is_scale_where_the_backend_can_carry_it() -> None:
+    # scale needs announcement sets and heartbeat keys and a state that never expires;
+    # where one is missing, a handler given no protocol runs hardened (same guarantees).
+    assert DEFAULT_PROTOCOL == "scale" and FALLBACK_PROTOCOL == "hardened"
+    assert default_variant(StoreRendezvousBackend(MemoryStore(), "job")).name == "scale"
+
+    class Expiring(MemoryStore):
+        ttl = 3600  # as Redis's ?ttl=: the state would expire while a steady job runs
+
+    expiring = StoreRendezvousBackend(Expiring(), "job")
+    assert expiring.keeps_sets_and_beats and default_variant(expiring).name == "hardened"
+
+    class OwnBackend(RendezvousBackend):  # a user's backend with only torch's two calls
+        name = "own"
+
+        def get_state(self) -> Any:
+            return None
+
+        def set_state(self, state: bytes, token: Any = None) -> Any:
+            return None
+
+    assert not OwnBackend().keeps_sets_and_beats
+    assert default_variant(OwnBackend()).name == "hardened"
+    store = MemoryStore()
+    handler = DynamicRendezvousHandler.from_backend(
+        "job", store, StoreRendezvousBackend(store, "job"), 1, 1
+    )
+    with stopped(handler):
+        assert handler.variant.name == "scale"
+        assert handler.next_rendezvous().world_size == 1  # N = 1 works under the default
+    named = DynamicRendezvousHandler.from_backend(
+        "job2", store, StoreRendezvousBackend(store, "job2"), 1, 1, protocol="hardened"
+    )
+    with stopped(named):
+        assert named.variant.name == "hardened"  # hardened stays selectable

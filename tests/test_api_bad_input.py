@@ -263,7 +263,10 @@ def test_no_store_is_refused_before_any_round_is_joined() -> None:
     [
         ({"clock": 5}, r"clock must be an rdzv.Clock .* got int 5; pass SystemClock"),
         ({"rng": "seed"}, r"rng must be a random.Random or None, got str 'seed'; pass e.g."),
-        ({"protocol": 3}, r"protocol must be a variant name .* got int 3"),
+        (
+            {"protocol": 3},
+            r"protocol must be a variant name, .* or None, got int 3",
+        ),
         ({"local_addr": 3}, r"local_addr must be a string or None, got int 3"),
     ],
 )

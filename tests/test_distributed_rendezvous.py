@@ -60,8 +60,9 @@ from spec.state import EMPTY_STATE, RendezvousState
 pytestmark = pytest.mark.slow
 
 PROTOCOLS = ["hardened", "scale"]
-"""The protocols the thread tests below run under: the default, and the one whose joins
-go through announcement sets and whose heartbeats live under keys of their own."""
+"""The protocols the thread tests below run under: ``hardened`` (everything inside the one
+state; the default over torch's stores), and ``scale``, the default, whose joins go
+through announcement sets and whose heartbeats live under keys of their own."""
 NODE_JOIN_S = 60.0
 """Bound on how long the test waits for one node thread to finish."""
 MAX_WAIT = timedelta(seconds=1)

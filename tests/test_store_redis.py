@@ -250,6 +250,9 @@ def test_a_ttl_hardened_renews_is_taken(redis_server: RedisServer) -> None:
         RendezvousParameters("rdzv", url, "job", 1, 1, keep_alive_interval="1")
     )
     try:
+        # Given no protocol over keys that expire, the handler runs hardened, not the
+        # default scale (which writes the state only when the membership changes).
+        assert handler.variant.name == "hardened"
         assert handler.next_rendezvous().world_size == 1
     finally:
         assert handler.shutdown() is True
