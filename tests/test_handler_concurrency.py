@@ -100,6 +100,11 @@ def handler(
         keep_alive_interval=kw.pop("keep_alive_interval", 5),
         clock=clock,
         cache_duration=0,
+        # Pinned: these tests watch the stored state for a joining node (joined(),
+        # wait_for_state), which under scale, the default, shows only once a fold admits
+        # it. scale's concurrency is covered by test_handler_scale.py and the stateful
+        # tests; the create_handler tests below run the default.
+        protocol=kw.pop("protocol", "hardened"),
         **kw,
     )
 
@@ -465,8 +470,10 @@ def test_shutdown_closes_the_store_the_handler_opened_once(
 
 
 class _HoldingStore(_ClosingStore):
-    """Holds every read or write (``check``, ``set``, ``compare_set``) made by a thread
-    whose name starts with ``hold_thread`` until the test opens ``gate`` (bounded)."""
+    """Holds every read or write (``check``, ``try_get``, ``set``, ``compare_set``,
+    ``add_member``) made by a thread whose name starts with ``hold_thread`` until the test
+    opens ``gate`` (bounded). ``try_get`` and ``add_member`` are the first store calls of
+    a join under ``scale``, the default protocol (it reads, then announces itself)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -491,6 +498,14 @@ class _HoldingStore(_ClosingStore):
     def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
         self._hold()
         return super().compare_set(key, expected, desired)
+
+    def try_get(self, key: str) -> bytes | None:
+        self._hold()
+        return super().try_get(key)
+
+    def add_member(self, key: str, member: bytes | str) -> int:
+        self._hold()
+        return super().add_member(key, member)
 
 
 @pytest.fixture
