@@ -68,7 +68,9 @@ def test_quick_run_prints_parseable_rows_and_scale_saves_cas() -> None:
         assert name in header, f"column {name!r} missing from {header!r}"
     rows = {}
     for line in lines:
-        parts = line.split()
+        # The default protocol's rows say so ("scale (default)"); one word here.
+        assert "hardened (default)" not in line
+        parts = line.replace("scale (default)", "scale").split()
         if len(parts) > 2 and parts[0] == "memory":
             assert "failed" not in line, line
             # store, protocol, N, seconds, cas, lost, announces, kB, kB/node, 4 steady, torch x2
@@ -98,6 +100,7 @@ def test_quick_run_prints_parseable_rows_and_scale_saves_cas() -> None:
     # The markdown table has the same rows, one cell per column.
     table = [line for line in lines if line.startswith("| memory |")]
     assert len(table) == 4
+    assert sum("| scale (default) |" in line for line in table) == 2
     assert all(line.count("|") == len(COLUMNS) + 1 for line in table)
 
 

@@ -92,7 +92,9 @@ def test_bench_handler_runs_threads_and_processes() -> None:
         ("sqlite", "processes"),
     ], done.stdout
     for _, _, cas, conflicts in rows:
-        assert int(cas) >= 2 and 0 <= int(conflicts) < int(cas)  # each node wrote itself in
+        # The handler's default protocol (scale) admits the round in one fold: at least
+        # one compare-and-set, and never all of them lost.
+        assert int(cas) >= 1 and 0 <= int(conflicts) < int(cas)
 
 
 def test_bench_model_check_quick_prints_both_tables() -> None:
