@@ -250,6 +250,37 @@ SCALE_WAITERS_OUTLIVE_COMPLETION = SCALE.derive(
     folds={Action.FOLD: fold_announced, Action.FOLD_AND_COMPLETE: fold_and_complete},
 )
 
+CROWD = 7
+"""Participants from which :func:`mark_complete_crowded` misbehaves: more than exhaustive
+search can hold (N <= 4 never has that many; at N = 8 with every fault the second round is
+far deeper than breadth-first search gets, see docs/model_checker.md, "Swarm mode")."""
+
+
+def mark_complete_crowded(
+    state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
+) -> RendezvousState:
+    """Planted bug: hardened's completion, except that a round after the first that
+    completes with :data:`CROWD` or more participants gives its last member the rank of
+    the one before it (two members share a rank; none has the top one)."""
+    done = HARDENED.effects[Action.MARK_RENDEZVOUS_COMPLETE](state, node, settings, wall_now)
+    members = done.participant_nodes()
+    if done.round < 1 or len(members) < CROWD:
+        return done
+    ranks = done.participant_map()
+    ranks[members[-1]] = ranks[members[-2]]
+    return done.evolve(participants=ranks)
+
+
+CROWDED_RANKS = HARDENED.derive(
+    "planted-crowded-ranks",
+    description=(
+        f"hardened whose completion of a round after the first with {CROWD} or more "
+        "participants gives two members the same rank: a bug only a run with many nodes "
+        "and a second round can show (found by swarm mode at N = 8, out of exhaustive reach)"
+    ),
+    effects={Action.MARK_RENDEZVOUS_COMPLETE: mark_complete_crowded},
+)
+
 DROPPED_MEMBER_UNCOUNTED = HARDENED.derive(
     "planted-dropped-member-uncounted",
     description=(
@@ -277,6 +308,7 @@ PLANTED: Mapping[str, Variant] = MappingProxyType(
             WAITERS_OUTLIVE_COMPLETION,
             SCALE_WAITERS_OUTLIVE_COMPLETION,
             DROPPED_MEMBER_UNCOUNTED,
+            CROWDED_RANKS,
         )
     }
 )
