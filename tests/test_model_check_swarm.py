@@ -169,9 +169,7 @@ def test_crowded_ranks_is_hardened_below_the_crowd() -> None:
         (["swarm", "--walks=x"], "argument --walks: invalid int value: 'x'"),
     ],
 )
-def test_bad_swarm_flags_are_one_line_errors(
-    args: list[str], message: str, capsys: Capsys
-) -> None:
+def test_bad_swarm_flags_are_one_line_errors(args: list[str], message: str, capsys: Capsys) -> None:
     code = main(args)
     out, err = capsys.readouterr()
     assert (code, out) == (2, "")
