@@ -3,7 +3,7 @@
 The planted bug ``planted-crowded-ranks`` needs a second round that completes with 7 or
 more participants: no search at N <= 4 can see it, and at N = 8 with every fault its
 shortest counterexample found here (149 moves) is far beyond breadth-first search. Swarm
-mode finds it in 3 walks of at most 900 moves (about 7 s of CPU) and its trace replays.
+mode finds it in 3 walks of at most 900 moves (about 10 s of CPU) and its trace replays.
 The same seed gives the same output, also under another PYTHONHASHSEED. The whole file
 takes about 25 s of CPU (more wall time on a loaded machine).
 """
