@@ -291,10 +291,17 @@ AGENT_WORKLOAD_PLANTED = {
 }
 
 
+SWARM_PLANTED = {
+    # Out of exhaustive reach (tests/test_model_check_swarm.py finds it by swarm mode).
+    "planted-crowded-ranks": spec.HARDENED,
+}
+
+
 def test_planted_variants_are_derived_from_upstream_or_scale() -> None:
     for variant in PLANTED.values():
         keys = variant.name == "planted-unwatched-standby"
-        parent = AGENT_WORKLOAD_PLANTED.get(variant.name, spec.SCALE if keys else spec.UPSTREAM)
+        parents = {**AGENT_WORKLOAD_PLANTED, **SWARM_PLANTED}
+        parent = parents.get(variant.name, spec.SCALE if keys else spec.UPSTREAM)
         assert variant.parent == parent.name
         assert variant.changes
 
