@@ -146,7 +146,8 @@ class _Parser(argparse.ArgumentParser):
 DESCRIPTION = """\
 Explore the rendezvous protocol: many virtual nodes run the node machine of spec/
 against a simulated compare-and-set store, and every interleaving (--mode exhaustive)
-or seeded random walks (--mode random) are checked for the properties listed in
+or seeded random walks (--mode random; --mode swarm: many short walks, each with its
+own fault budgets, start order and scheduler bias) are checked for the properties listed in
 docs/model_checker.md ("What is checked"). The first line says what this run checks;
 the second names every parameter; a violation prints the shortest counterexample and
 the command that replays it.
@@ -168,7 +169,9 @@ examples:
   python -m model_check --nodes 8
   python -m model_check --nodes 2 --min-nodes 2 --max-nodes 2 --crash 1
   python -m model_check --replay model_check_counterexample.json
-  python -m model_check --mode random --nodes 64 --steps 3000 --seed 1 --crash 3"""
+  python -m model_check --mode random --nodes 64 --steps 3000 --seed 1 --crash 3
+  python -m model_check swarm --protocol hardened --nodes 8 --crash 3 --cas-unknown 2 \\
+      --walks 200 --walk-moves 1500 --seed 1"""
 
 
 def _parser() -> argparse.ArgumentParser:
