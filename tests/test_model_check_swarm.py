@@ -175,3 +175,22 @@ def test_bad_swarm_flags_are_one_line_errors(args: list[str], message: str, caps
     assert (code, out) == (2, "")
     assert err.count("\n") == 1 and err.startswith("model_check: error: "), err
     assert message in err
+
+
+def test_an_interrupted_swarm_reports_the_walks_done(
+    monkeypatch: pytest.MonkeyPatch, capsys: Capsys
+) -> None:
+    real = swarm.simulate  # type: ignore[attr-defined]  # the walk swarm mode calls
+    calls = []
+
+    def second_walk_interrupted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C, or SIGTERM (the CLI turns it into the same)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(swarm, "simulate", second_walk_interrupted)
+    code, out = _run([*SMALL_HARDENED, "--walks=4", "--walk-moves=50"], capsys)
+    assert code == 3, out
+    assert "swarm: walks=1 of 4 " in out and "INTERRUPTED" in out
+    assert out.rstrip().endswith("result=bounded")
