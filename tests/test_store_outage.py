@@ -194,7 +194,7 @@ def _train(group: Agents, seconds: float) -> None:
 def _formed(group: Agents) -> int:
     for i in (0, 1):
         group.wait_for(i, "return")
-    rounds = {group.returns(i)[0]["round"] for i in (0, 1)}
+    rounds = {int(group.returns(i)[0]["round"]) for i in (0, 1)}
     assert len(rounds) == 1, rounds
     return rounds.pop()
 
