@@ -891,8 +891,9 @@ class _Outage:
 class _Heartbeat:
     """The keep-alive timer: a daemon thread holding the handler only weakly.
 
-    A keep-alive that fails (the store unreachable) is logged once per run of failures
-    and tried again at the next interval: the thread never dies of a store error. It
+    A keep-alive that fails is tried again at the next interval: the thread never dies
+    of a store error. An unreachable store is logged once per run of failures (and the
+    next success at INFO); any other failure every time. It
     ends only when told to stop (or when the handler is gone)."""
 
     def __init__(
@@ -929,14 +930,17 @@ class _Heartbeat:
                     logger.info("keep-alive of node %s succeeds again", handler.node)
                 failing = False
             except RendezvousError as exc:
-                if not failing:  # once per run of failures; the next success is logged
+                # An unreachable store is told once per run of failures (the next success
+                # is logged); anything else (a corrupt state, say) every time.
+                outage = isinstance(exc, RendezvousConnectionError)
+                if not (failing and outage):
                     logger.warning(
                         "keep-alive of node %s failed: %s; retried every %g s",
                         handler.node,
                         exc,
                         self._interval,
                     )
-                failing = True
+                failing = outage
             except Exception:
                 logger.exception("keep-alive of node %s crashed", handler.node)
                 failing = True
