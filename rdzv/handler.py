@@ -835,7 +835,13 @@ class _Outage:
         """Monotonic seconds of the latest attempt during the outage."""
 
     def answer_from_view(self, mono: float) -> bool:
-        return self.since is not None and mono - self.tried < OUTAGE_RETRY_INTERVAL
+        """Whether a query answers from the view without trying the store: during an
+        outage, within the bound, and less than OUTAGE_RETRY_INTERVAL after the last try."""
+        return (
+            self.since is not None
+            and mono - self.since <= self.bound
+            and mono - self.tried < OUTAGE_RETRY_INTERVAL
+        )
 
     def reached(self, clock: Clock) -> None:
         if self.since is not None:
@@ -892,9 +898,9 @@ class _Heartbeat:
     """The keep-alive timer: a daemon thread holding the handler only weakly.
 
     A keep-alive that fails is tried again at the next interval: the thread never dies
-    of a store error. An unreachable store is logged once per run of failures (and the
-    next success at INFO); any other failure every time. It
-    ends only when told to stop (or when the handler is gone)."""
+    of a store error, and ends only when told to stop (or when the handler is gone). An
+    unreachable store is logged once per run of failures (and the next success at INFO);
+    any other failure every time."""
 
     def __init__(
         self,
@@ -1509,8 +1515,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return its view.
 
         A query that cannot reach the store answers from the last view instead, for at
-        most the heartbeat expiry after the first failure (:class:`_Outage`); a close
-        must write, so it fails at once."""
+        most the longer of the heartbeat expiry and the join timeout after the first
+        failure (:class:`_Outage`); a close must write, so it fails at once."""
         with self._control_lock:
             driver = self._control
             outage = self._outage

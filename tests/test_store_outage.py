@@ -142,9 +142,13 @@ def test_queries_raise_once_the_store_is_away_longer_than_the_bound() -> None:
         down.set()
         assert a.num_nodes_waiting() == 0  # the first failure: from the view
         clock.advance(20.0)
+        _beat(a, b)  # as the heartbeat threads do: they fail too
         assert a.num_nodes_waiting() == 0  # exactly at the bound: still
         clock.advance(1.0)
         with pytest.raises(RendezvousConnectionError, match=r"unreachable for 21\.0 s.*20 s"):
+            a.num_nodes_waiting()
+        clock.advance(0.1)  # past the bound every query raises, not one in a second
+        with pytest.raises(RendezvousConnectionError, match=r"unreachable for 21\.1 s"):
             a.num_nodes_waiting()
         down.clear()
         assert a.num_nodes_waiting() == 0  # back: answers from the store again
