@@ -121,7 +121,13 @@ MODEL_OPTIONS = (
     *TIME_OPTIONS,
 )
 """Options that define the model, in the order of a trace's argv (each as --name=value)."""
-MODEL_FLAGS = ("duplicate_identity", "late_starts", "cas_ignores_token", "stale_queries")
+MODEL_FLAGS = (
+    "duplicate_identity",
+    "late_starts",
+    "cas_ignores_token",
+    "stale_queries",
+    "store_outage",
+)
 """Switches that define the model (in a trace's argv only when on)."""
 REPLAY_OPTIONS = frozenset({"replay", "json", "quiet"})
 """What may accompany --replay: the trace carries every other setting."""
@@ -300,6 +306,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="planted handler bug: a query or close does not start from the newer view the "
         "process's other machine state holds, as in rdzv before that fix (default off)",
+    )
+    p.add_argument(
+        "--store-outage",
+        action="store_true",
+        help="--store-down counts instants of a store-wide outage: each fails every pending "
+        "store call at once, so consecutive ones keep every heartbeat out for longer than the "
+        "expiry (default off: each fails one call of one process)",
     )
     p.add_argument(
         "--tick-ms",
@@ -497,6 +510,7 @@ def build_config(
             late=ns.late,
             cas_ignores_token=ns.cas_ignores_token,
             share_views=not ns.stale_queries,
+            store_outage=ns.store_outage,
             workload=ns.workload,
         )
         settings = cfg.settings
@@ -530,6 +544,7 @@ def build_config(
         "late_starts": ns.late_starts,
         "store": "cas-ignores-token" if ns.cas_ignores_token else "linearizable-cas",
         "stale_queries": ns.stale_queries,
+        "store_outage": ns.store_outage,
         "workload": ns.workload,
         "tick_ms": ns.tick_ms,
         "join_timeout_ticks": ns.join_timeout,
@@ -593,6 +608,8 @@ def _text_params(p: dict[str, Any]) -> dict[str, Any]:
     }
     if p["stale_queries"]:  # a planted bug: named only when on
         text["stale_queries"] = True
+    if p.get("store_outage"):  # named only when on, so other runs' lines stay as they were
+        text["store_outage"] = True
     if p["max_depth"]:  # only then, so that every other run's line stays as it was
         text["max_depth"] = p["max_depth"]
     if p["walks"] is not None:  # swarm mode only
@@ -641,6 +658,8 @@ def headline(params: dict[str, Any], given: set[str]) -> str:
         faults.append("process 1 reuses process 0's identity")
     if params["store"] != "linearizable-cas":
         faults.append(f"a {params['store']} store")
+    if params.get("store_outage"):
+        faults.append("store-down as instants of a store-wide outage")
     if params["stale_queries"]:
         faults.append("queries that ignore the newer view (a planted handler bug)")
     if faults and params["mode"] == "swarm":

@@ -207,6 +207,13 @@ class ModelConfig:
     """Process 1 gets process 0's identity (two live processes, one NodeId)."""
     cas_ignores_token: bool = False
     """Planted store bug: compare-and-set writes whatever token it is given."""
+    store_outage: bool = False
+    """The ``store_down`` budget counts instants of a store-wide outage instead of single
+    failed calls: one ``store_outage`` move fails every pending store call of every
+    process at once (issue 26). Several of them on consecutive ticks keep every heartbeat
+    out of the store for longer than the expiry. Unlike a failed call of one node, an
+    outage that silences everybody does not excuse evicting a live node
+    (``live_node_evicted`` still applies): nobody's silence is its own."""
     forget_stale: bool = True
     """Apply :func:`forget_stale_sightings` where it is exact (off only to test it)."""
     rotate_beats: bool = True
@@ -591,7 +598,11 @@ def enabled(world: World, cfg: ModelConfig) -> list[Move]:
             kinds = ["wake"] if local.phase is Phase.WAITING else ["io"]
             if local.phase is Phase.WRITING and used["cas_unknown"] < budget.cas_unknown:
                 kinds += ["cas_unknown_applied", "cas_unknown_lost"]
-            if local.phase is not Phase.WAITING and used["store_down"] < budget.store_down:
+            if (
+                local.phase is not Phase.WAITING
+                and used["store_down"] < budget.store_down
+                and not cfg.store_outage
+            ):
                 kinds.append("store_down")
             moves.extend(Move(k if names is None else names[k], slot) for k in kinds)
         if p.pc is Pc.NEW:
@@ -610,11 +621,28 @@ def enabled(world: World, cfg: ModelConfig) -> list[Move]:
                 moves.append(Move("restart_new", slot))
             if used["restart_same"] < budget.restart_same:
                 moves.append(Move("restart_same", slot))
+    if cfg.store_outage and used["store_down"] < budget.store_down and _outage_hits(world):
+        moves.append(Move("store_outage"))
     if any(p.pc is Pc.NEW and not p.late for p in world.procs):
         blocked = False  # these agents are launched before time first advances
     if blocked and _time_matters(world):
         moves.append(Move("tick"))
     return moves
+
+
+def _outage_hits(world: World) -> bool:
+    """Whether a store-wide outage may strike now: it fails at least one pending store
+    call, and it finds the keep-alive of every member pending, so that it silences all
+    of them (one that gets through first would make it an outage of the others alone,
+    after which their eviction is no error: that is the ``store_down`` fault)."""
+    hits = False
+    for p in world.procs:
+        if p.pc in HALTED_PCS:
+            continue
+        if p.pc in BEATING_PCS and p.local.phase not in _IO_PHASES:
+            return False
+        hits = hits or p.local.phase in _IO_PHASES or p.control.phase in _IO_PHASES
+    return hits
 
 
 def _time_matters(world: World) -> bool:
@@ -1700,6 +1728,14 @@ def apply(world: World, move: Move, cfg: ModelConfig) -> Outcome:
             run.procs[slot] = evolve_proc(p, beating=False)
         run.note(f"{p.ident}: compare-and-set outcome unknown ({kind.rsplit('_', 1)[1]})")
         run.feed(slot, IoFailed("compare-and-set outcome unknown", run.now(p)), lane)
+    elif kind == "store_outage":
+        run.used[4] += 1
+        run.note("the store is unreachable for everybody: every pending store call fails")
+        for i in range(len(run.procs)):
+            for lane_ in (Lane.MAIN, Lane.CONTROL):
+                p = run.procs[i]
+                if p.pc not in HALTED_PCS and run.lane(i, lane_).phase in _IO_PHASES:
+                    run.feed(i, IoFailed("store unreachable", run.now(p)), lane_)
     elif kind == "store_down":
         run.used[4] += 1
         p = evolve_proc(run.procs[slot], beating=False)  # as for a lost write, above

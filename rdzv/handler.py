@@ -35,7 +35,7 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from rdzv import events
@@ -359,6 +359,8 @@ class Narrator:
                 f"its keep-alive is retried every "
                 f"{to_seconds(driver.config.settings.keep_alive_interval):g} s"
             )
+        elif op is Op.QUERY:
+            then = "its queries answer from the last view for now"
         else:
             then = f"its {'operation' if op is None else op.value + ' operation'} fails"
         logger.warning(
@@ -797,8 +799,108 @@ def _failure_error(
     return error
 
 
+OUTAGE_RETRY_INTERVAL = 1.0
+"""Seconds: while the store is unreachable, a query tries it again at most this often and
+answers from the last view in between (so torch's agent, which polls every 0.1 s, is not
+held up by the store's own retries on every poll)."""
+
+
+def _at(seconds: float) -> str:
+    """A wall-clock instant for a log line (UTC, to the millisecond)."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%H:%M:%S.%f")[:-3] + " UTC"
+
+
+class _Outage:
+    """When a handler's queries (``num_nodes_waiting()``, ``is_closed()``) answer from
+    their last view because the store cannot be reached, and for how long they may.
+
+    The bound is the longer of the heartbeat expiry (``keep_alive_interval`` x
+    ``keep_alive_max_attempt``) and the join timeout, counted from the first failed
+    query. While the store is away for everybody nobody can prune anybody, and the
+    first read after it returns starts every heartbeat sighting afresh (spec's machine
+    forgets them on a failed call), so the view stays true for the whole outage. Only an
+    outage of this node alone makes it stale: past the expiry its peers may have judged
+    it dead. It answers on up to the join timeout, the time a node waits to form a round
+    anyway, so an outage of at least the expiry is always survived; past the bound the
+    query raises as before the outage began. Used under the handler's control lock only
+    (its one caller)."""
+
+    def __init__(self, node: NodeId, run_id: str, bound: float) -> None:
+        self.node = node
+        self.run_id = run_id
+        self.bound = bound
+        self.since: float | None = None
+        """Monotonic seconds of the first failed query of the current outage."""
+        self.tried: float = 0.0
+        """Monotonic seconds of the latest attempt during the outage."""
+
+    def answer_from_view(self, mono: float) -> bool:
+        """Whether a query answers from the view without trying the store: during an
+        outage, within the bound, and less than OUTAGE_RETRY_INTERVAL after the last try."""
+        return (
+            self.since is not None
+            and mono - self.since <= self.bound
+            and mono - self.tried < OUTAGE_RETRY_INTERVAL
+        )
+
+    def reached(self, clock: Clock) -> None:
+        if self.since is not None:
+            logger.info(
+                "node %s reaches the store of run %r again after %.1f s; queries answer "
+                "from the store again",
+                self.node,
+                self.run_id,
+                clock.monotonic() - self.since,
+            )
+            self.since = None
+
+    def failed(
+        self, clock: Clock, error: RendezvousConnectionError, synced_at: Millis | None
+    ) -> None:
+        """A query failed on ``error``; its machine state's view was read or written at
+        the monotonic ``synced_at`` (None: it has none). Raises once past the bound."""
+        mono = clock.monotonic()
+        self.tried = mono
+        if self.since is None:
+            self.since = mono
+            then = (
+                "no view (this node never read the store)"
+                if synced_at is None
+                else f"the view of {_at(clock.time() - (mono - to_seconds(synced_at)))}"
+            )
+            logger.warning(
+                "node %s: store of run %r unreachable since %s, answering "
+                "num_nodes_waiting() and is_closed() from %s; retrying (for at most %g s, "
+                "the longer of the heartbeat expiry and the join timeout): %s",
+                self.node,
+                self.run_id,
+                _at(clock.time()),
+                then,
+                self.bound,
+                error,
+            )
+        if synced_at is None or mono - self.since > self.bound:
+            lasted = mono - self.since
+            raise RendezvousConnectionError(
+                f"{error} (the store has been unreachable for {lasted:.1f} s"
+                + (
+                    ", and this node never read it"
+                    if synced_at is None
+                    else f", longer than the {self.bound:g} s (the longer of the heartbeat "
+                    f"expiry and the join timeout) within which queries answer from the "
+                    f"last view: the job can no longer tell whether its membership changed"
+                )
+                + "; bring the store back, then restart the job if it does not recover)"
+            ) from error
+
+
 class _Heartbeat:
-    """The keep-alive timer: a daemon thread holding the handler only weakly."""
+    """The keep-alive timer: a daemon thread holding the handler only weakly.
+
+    A keep-alive that fails is tried again at the next interval: the thread never dies
+    of a store error, and ends only when told to stop (or when the handler is gone). An
+    unreachable store is logged once per run of failures (and the next success at INFO);
+    any other failure every time."""
 
     def __init__(
         self,
@@ -821,6 +923,7 @@ class _Heartbeat:
     def _loop(self) -> None:
         # Bounded by ``stopping``: set on shutdown, on the next rendezvous, and when the
         # handler is garbage-collected (then ``self._ref()`` is None as well).
+        failing = False
         while not self.stopping.is_set():
             if self._clock.sleep(self._interval, self.stopping):
                 return
@@ -829,10 +932,24 @@ class _Heartbeat:
                 return
             try:
                 handler._keep_alive(self.stopping)
+                if failing:
+                    logger.info("keep-alive of node %s succeeds again", handler.node)
+                failing = False
             except RendezvousError as exc:
-                logger.warning("keep-alive of node %s failed: %s", handler.node, exc)
+                # An unreachable store is told once per run of failures (the next success
+                # is logged); anything else (a corrupt state, say) every time.
+                outage = isinstance(exc, RendezvousConnectionError)
+                if not (failing and outage):
+                    logger.warning(
+                        "keep-alive of node %s failed: %s; retried every %g s",
+                        handler.node,
+                        exc,
+                        self._interval,
+                    )
+                failing = outage
             except Exception:
                 logger.exception("keep-alive of node %s crashed", handler.node)
+                failing = True
             finally:
                 del handler
 
@@ -1166,6 +1283,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """Closes ``_owned_store`` when the handler is garbage-collected, once a shutdown
         had to leave it open."""
         self._shutdown_result: bool | None = None
+        self._outage = _Outage(
+            self._node,
+            settings.run_id,
+            to_seconds(max(self._spec_settings.heartbeat_expiry, self._spec_settings.join_timeout)),
+        )
+        """Whether queries answer from the last view because the store is unreachable."""
         self._joined: tuple[int, NodeId | None] | None = None
         """The round the last ``next_rendezvous`` returned, and its rank 0."""
         """What the first complete ``shutdown`` returned; None before."""
@@ -1389,10 +1512,24 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     def _control_op(self, op: Op) -> RendezvousState:
         """Run a query or a close on the control machine (never waits for a join) and
-        return its view."""
+        return its view.
+
+        A query that cannot reach the store answers from the last view instead, for at
+        most the longer of the heartbeat expiry and the join timeout after the first
+        failure (:class:`_Outage`); a close must write, so it fails at once."""
         with self._control_lock:
             driver = self._control
-            self._run(op, driver.deadline_after(self._spec_settings.close_timeout), driver)
+            outage = self._outage
+            if op is Op.QUERY and outage.answer_from_view(self._clock.monotonic()):
+                return driver.local.view  # tried less than OUTAGE_RETRY_INTERVAL ago
+            try:
+                self._run(op, driver.deadline_after(self._spec_settings.close_timeout), driver)
+            except RendezvousConnectionError as exc:
+                if op is not Op.QUERY or isinstance(exc, RendezvousStateError):
+                    raise
+                outage.failed(self._clock, exc, driver.local.synced_at)  # raises past the bound
+                return driver.local.view
+            outage.reached(self._clock)
             return driver.local.view
 
     def _state_key(self) -> str:

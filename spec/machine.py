@@ -129,7 +129,10 @@ class WokeUp:
 @dataclass(frozen=True)
 class IoFailed:
     """The pending read, write or wait could not be carried out (store unreachable, or a
-    write whose outcome is unknown). The operation fails; the local view is kept."""
+    write whose outcome is unknown). The operation fails; the local view is kept. Under
+    the local liveness clock the heartbeat sightings (``seen_beats``, ``watch``) are
+    forgotten: while this node cannot reach the store, neither may its peers, so their
+    silence is no evidence; the next read starts every age afresh."""
 
     reason: str
     now: Now
@@ -475,7 +478,12 @@ def step(local: Local, event: Event, config: Config) -> Step:
     if isinstance(event, IoFailed):
         if local.phase is Phase.IDLE:
             raise InvalidTransition(local, event)
-        return _fail(evolve(local, folding=None), FailKind.CONNECTION, event.reason)
+        failed = evolve(local, folding=None)
+        if config.variant.liveness_clock == LOCAL and (local.seen_beats or local.watch):
+            # Silence while the store is away never counts: nobody could write a
+            # heartbeat, so the next read starts every sighting's age afresh (issue 26).
+            failed = evolve(failed, seen_beats=(), watch=())
+        return _fail(failed, FailKind.CONNECTION, event.reason)
     raise InvalidTransition(local, event)
 
 
