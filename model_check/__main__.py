@@ -117,6 +117,7 @@ MODEL_OPTIONS = (
     "store_down",
     "skew",
     "late",
+    "next_job",
     "tick_ms",
     *TIME_OPTIONS,
 )
@@ -289,6 +290,16 @@ def _parser() -> argparse.ArgumentParser:
         help="this many agents (the last ones, at most --nodes) may start after t=0 (default 0)",
     )
     p.add_argument(
+        "--next-job",
+        type=int,
+        default=0,
+        help=(
+            "this many agents (the last ones, at most --nodes) belong to the next job under "
+            "the same run id: each may call next_rendezvous once a shutdown was called "
+            "(default 0)"
+        ),
+    )
+    p.add_argument(
         "--cas-ignores-token",
         action="store_true",
         help="planted store bug: compare-and-set writes whatever the token (default off)",
@@ -428,6 +439,15 @@ def build_config(
         raise UsageError(
             f"--late {ns.late} must be <= --nodes {n} (the last K processes start late)"
         )
+    if not 0 <= ns.next_job <= n:
+        raise UsageError(
+            f"--next-job {ns.next_job} must be in 0..--nodes {n} (the last K processes "
+            "belong to the next job)"
+        )
+    if ns.next_job and not ns.closes:
+        raise UsageError(
+            "--next-job needs --closes >= 1: the next job starts once the first one shut down"
+        )
     if ns.late_starts and ns.late:
         raise UsageError(
             "--late-starts already lets every process start late; pass it or --late K, not both"
@@ -508,6 +528,7 @@ def build_config(
             duplicate_identity=ns.duplicate_identity,
             late_starts=ns.late_starts,
             late=ns.late,
+            next_job=ns.next_job,
             cas_ignores_token=ns.cas_ignores_token,
             share_views=not ns.stale_queries,
             store_outage=ns.store_outage,
@@ -541,6 +562,7 @@ def build_config(
         "skew_ticks": ns.skew,
         "duplicate_identity": ns.duplicate_identity,
         "late": ns.late,
+        "next_job": ns.next_job,
         "late_starts": ns.late_starts,
         "store": "cas-ignores-token" if ns.cas_ignores_token else "linearizable-cas",
         "stale_queries": ns.stale_queries,
@@ -606,6 +628,8 @@ def _text_params(p: dict[str, Any]) -> dict[str, Any]:
         "cache": f"{p['cache_ms']}ms",
         "max_states": p["max_states"] or "none",
     }
+    if p["next_job"]:  # named only when on, like the planted bug below
+        text["next_job"] = p["next_job"]
     if p["stale_queries"]:  # a planted bug: named only when on
         text["stale_queries"] = True
     if p.get("store_outage"):  # named only when on, so other runs' lines stay as they were
@@ -681,6 +705,11 @@ def headline(params: dict[str, Any], given: set[str]) -> str:
         world += ", every agent may start late"
     elif params["late"]:
         world += f", {params['late']} agents may start late"
+    if params["next_job"]:
+        world += (
+            f", {params['next_job']} of them of the next job under the same run id (they "
+            "start once a shutdown was called)"
+        )
     mode = params["mode"]
     if mode == "exhaustive":
         bounds = []

@@ -182,6 +182,7 @@ def _standing_by_watch_rows() -> dict[tuple[Op, int], None]:
         (Op.JOIN, index): None
         for index, r in enumerate(SCALE.table(Op.JOIN).rows)
         if r.then in (Action.WATCH, Action.PRUNE_DEAD)
+        and Atom.NEWCOMER not in {lit.atom for lit in r.when}
     }
 
 
@@ -291,6 +292,41 @@ DROPPED_MEMBER_UNCOUNTED = HARDENED.derive(
     counts_dropped_member=False,
 )
 
+
+def _hardened_join_row(action: Action, atom: Atom) -> int:
+    """The index of hardened's join row choosing ``action`` whose guard names ``atom``."""
+    for index, r in enumerate(HARDENED.table(Op.JOIN).rows):
+        if r.then is action and atom in {lit.atom for lit in r.when}:
+            return index
+    raise AssertionError(f"hardened has no join row {action.value} on {atom.value}")
+
+
+REOPEN_FORGETS_JOB = HARDENED.derive(
+    "planted-reopen-forgets-job",
+    description=(
+        "hardened without the join row by which a node whose job closed the run fails "
+        "once a new job has reopened it: a node of the closed job that was still joining "
+        "when the run was reopened joins the new job's rounds"
+    ),
+    rows={(Op.JOIN, _hardened_join_row(Action.ERROR_CLOSED, Atom.LATER_JOB)): None},
+)
+
+REOPEN_UNDER_MEMBERS = HARDENED.derive(
+    "planted-reopen-under-members",
+    description=(
+        "hardened whose newcomers reopen a closed run without waiting until nobody is "
+        "listed in it: a new job starts while members of the closed one still train"
+    ),
+    rows={
+        (Op.JOIN, _hardened_join_row(Action.REOPEN, Atom.NEWCOMER)): row(
+            Atom.CLOSED,
+            Atom.NEWCOMER,
+            then=Action.REOPEN,
+            why="planted: reopen whoever is still listed",
+        )
+    },
+)
+
 PLANTED: Mapping[str, Variant] = MappingProxyType(
     {
         v.name: v
@@ -309,6 +345,8 @@ PLANTED: Mapping[str, Variant] = MappingProxyType(
             SCALE_WAITERS_OUTLIVE_COMPLETION,
             DROPPED_MEMBER_UNCOUNTED,
             CROWDED_RANKS,
+            REOPEN_FORGETS_JOB,
+            REOPEN_UNDER_MEMBERS,
         )
     }
 )

@@ -295,6 +295,17 @@ NARRATED_PRUNES = 1024
 once, however many of its reads still list the node); past it the memory starts over."""
 
 
+def _newcomer_at(local: Local) -> bool:
+    """Whether ``local`` is a node of a new job waiting at a run its previous job closed."""
+    return local.view.closed and local.job is not None and local.job > local.view.epoch
+
+
+def _reopening(local: Local) -> bool:
+    """Whether ``local`` holds the write by which a new job reopens a closed run."""
+    view = local.view
+    return local.dirty and view.epoch > 0 and view == RendezvousState(view.round, epoch=view.epoch)
+
+
 class Narrator:
     """Turns one node's machine steps into log lines on the ``rdzv.handler`` logger, one
     per real event (the JSON events of :mod:`rdzv.events` record every step, at DEBUG):
@@ -314,6 +325,7 @@ class Narrator:
         self._pruned: dict[NodeId, None] = {}
         """Nodes whose pruning was told (insertion-ordered, at most NARRATED_PRUNES)."""
         self._closed = False
+        self._closed_job = False
         self._unreachable = False
 
     def tell(self, driver: NodeDriver, before: Local, event: Event, result: Step) -> None:
@@ -333,7 +345,18 @@ class Narrator:
             self._pruned_nodes(driver, before, event, result)
         request = result.request
         local = result.local
-        if isinstance(request, Wait):
+        if isinstance(event, CasResult) and event.has_set and _reopening(before):
+            logger.info(
+                "node %s started a new job under run %r (epoch %d, round %d): the job before "
+                "it closed the run and nobody of it is listed any more",
+                local.node,
+                self.run_id,
+                before.view.epoch,
+                before.view.round,
+            )
+        if isinstance(request, Wait) and _newcomer_at(local):
+            self._waiting_for_closed_job(local)
+        elif isinstance(request, Wait):
             self._waiting(driver, local, event.now)
         elif isinstance(request, Fail) and request.kind in (
             FailKind.CLOSED,
@@ -436,6 +459,22 @@ class Narrator:
             settings.max_nodes,
             max(0.0, to_seconds(ends)),
         )
+
+    def _waiting_for_closed_job(self, local: Local) -> None:
+        view = local.view
+        listed = view.listed_nodes()
+        with self._lock:
+            told, self._closed_job = self._closed_job, True
+        if not told:
+            logger.info(
+                "node %s waits to start a new job under run %r: the job before it closed the "
+                "run and %d of its nodes are still listed (%s); they leave at shutdown, or are "
+                "pruned once their heartbeats expire",
+                local.node,
+                self.run_id,
+                len(listed),
+                ", ".join(map(str, listed)),
+            )
 
     def _closed_once(self, message: str, local: Local) -> None:
         with self._lock:
@@ -787,6 +826,8 @@ def _failure_error(
             f"the {fail.op.value} operation of node {node} could not use the store: "
             f"{message}; check that the store is running and reachable"
         )
+    elif kind is FailKind.CLOSED:
+        message = f"{message} (run {run_id!r}, state key {key!r})"
     elif kind is FailKind.TIMEOUT and fail.op is Op.JOIN:
         message = (
             f"{message}: no round with enough nodes completed in time; start more nodes, "
@@ -1423,7 +1464,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return nodes_waiting(view, self._node, joined, self._variant)
 
     def shutdown(self) -> bool:
-        """Stop the heartbeats for good, close the rendezvous, and close the store the
+        """Stop the heartbeats for good, close the rendezvous, leave it (under a protocol
+        that reopens a closed run, ``hardened`` and ``scale``: so that the next job under
+        the run id finds nobody listed and starts at once), and close the store the
         handler opened itself (:func:`create_handler` with params only); False if closing
         the rendezvous failed.
 
@@ -1449,6 +1492,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     logger.warning(
                         "shutdown of node %s could not close the rendezvous: %s", self._node, exc
                     )
+                if closed and self._variant.reopens:
+                    self._leave_closed_run()
                 self._shutdown_result = closed
             else:
                 stopped = self._heartbeats.stop()  # a straggler of the first call, if any
@@ -1456,6 +1501,35 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 logger.warning("the keep-alive thread of node %s did not stop in time", self._node)
             self._release_store(stopped)
             return self._shutdown_result
+
+    def _leave_closed_run(self) -> None:
+        """Leave the closed run (its wait or redundancy list, or its round), as the exit
+        table says, so that the next job under the run id finds nobody listed and reopens
+        it at once instead of waiting for this node's heartbeat to expire. Bounded: a
+        ``next_rendezvous`` still running in another thread holds the main machine state
+        for at most the close timeout, then this node is left for expiry to remove."""
+        timeout = self._spec_settings.close_timeout / 1000
+        if not self._lock.acquire(timeout=timeout):
+            logger.warning(
+                "shutdown of node %s did not leave the closed run %r: a next_rendezvous in "
+                "another thread still runs; the next job under this run id reopens it once "
+                "this node's heartbeat has expired",
+                self._node,
+                self._settings.run_id,
+            )
+            return
+        try:
+            self._run(Op.EXIT, self._driver.deadline_after(self._spec_settings.close_timeout))
+        except RendezvousError as exc:
+            logger.warning(
+                "shutdown of node %s could not leave the closed run %r (%s); the next job "
+                "under this run id reopens it once this node's heartbeat has expired",
+                self._node,
+                self._settings.run_id,
+                exc,
+            )
+        finally:
+            self._lock.release()
 
     # -- extras ------------------------------------------------------------------------------
     @property

@@ -247,7 +247,7 @@ PLANTED_CASES = [
     ),
     (
         _cfg(nodes=2, min_nodes=1, max_nodes=2, cas_ignores_token=True),
-        {"closed_is_absorbing", "ranks_distinct", "world_size_agreement", "return_is_member"},
+        {"closed_reopens_empty", "ranks_distinct", "world_size_agreement", "return_is_member"},
     ),
 ]
 

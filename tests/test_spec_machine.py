@@ -274,9 +274,20 @@ def test_a_query_counts_the_round_the_join_just_completed() -> None:
         (RendezvousState.build(round=3), RendezvousState.build(round=2), False),
         (RendezvousState.build(round=3), RendezvousState.build(round=3, complete=True), True),
         (RendezvousState.build(round=3, complete=True), RendezvousState.build(round=3), False),
-        (RendezvousState.build(round=9), RendezvousState.build(round=1, closed=True), True),
-        (RendezvousState.build(round=1, closed=True), RendezvousState.build(round=9), False),
-        # a tie on (closed, round, complete): the states are not ordered, keep our own
+        (RendezvousState.build(round=4), RendezvousState.build(round=4, closed=True), True),
+        (RendezvousState.build(round=4, closed=True), RendezvousState.build(round=4), False),
+        # a closed round goes on only as a later round of the next job (epoch)
+        (
+            RendezvousState.build(round=4, closed=True),
+            RendezvousState.build(round=5, epoch=1),
+            True,
+        ),
+        (
+            RendezvousState.build(round=5, epoch=1),
+            RendezvousState.build(round=4, closed=True),
+            False,
+        ),
+        # a tie on (epoch, round, closed, complete): not ordered, keep our own
         (RendezvousState.build(round=3), RendezvousState.build(round=3, wait_list=[A]), False),
     ],
 )
