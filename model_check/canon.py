@@ -93,7 +93,7 @@ ENCODED_FIELDS: dict[str, frozenset[str]] = {
     "RendezvousState": frozenset(
         {
             *("round", "complete", "closed", "deadline", "participants", "wait_list"),
-            *("redundancy_list", "last_heartbeats"),
+            *("redundancy_list", "last_heartbeats", "epoch"),
         }
     ),
     "Local": frozenset(
@@ -136,7 +136,9 @@ def _members(state: RendezvousState) -> set[NodeId]:
 
 
 def _state_skeleton(state: RendezvousState) -> tuple[object, ...]:
-    return (state.round, state.complete, state.closed, state.deadline)
+    head = (state.round, state.complete, state.closed, state.deadline)
+    # the epoch only once a run was reopened, so runs without --next-job keep their keys
+    return (*head, state.epoch) if state.epoch else head
 
 
 def _store_record(state: RendezvousState, ranks: bool) -> _Record:
