@@ -150,7 +150,8 @@ def test_crowded_ranks_is_hardened_below_the_crowd() -> None:
             nodes=3, min_nodes=2, max_nodes=3, variant=variant, workload="ticks", worker_failures=0
         )
         r = explore(cfg)
-        assert (r.violation, r.unique) == (None, 95), variant.name
+        # (95 before a shutdown closed the run and then left it, for a reused run id)
+        assert (r.violation, r.unique) == (None, 160), variant.name
 
 
 @pytest.mark.parametrize(
