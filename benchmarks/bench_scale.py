@@ -92,7 +92,7 @@ SETTLE_INTERVALS = 2.0
 """Keep-alive intervals between the end of the round and the start of the window (every
 node has beaten since the round, and the stragglers' first reads are over)."""
 CHILD_SLACK_S = 60.0
-"""Seconds a measurement subprocess gets beyond its cap (imports, handler creation)..."""
+"""Seconds a measurement subprocess gets beyond its watchdog's bound before it is killed..."""
 CHILD_SLACK_PER_NODE_S = 0.1
 """...plus this per node (creating 1,024 handlers and connections takes a while)."""
 WATCHDOG_SLACK_S = 30.0
@@ -231,6 +231,14 @@ class _Returned:
     def add(cls, k: int = 1) -> None:
         with cls.lock:
             cls.count += k
+
+
+_RELEASED = threading.Event()
+"""Set when the nodes of the running measurement are released (START sent): the watchdog
+counts the cap from then, not from the measurement process's start, so the workers'
+start-up (imports, torch's included when it is installed: about 3 s of CPU and 230 MB a
+process here; creating the handlers and their connections) is bounded by its own bound,
+:data:`WORKER_READY_S`, and not charged to the rendezvous."""
 
 
 COUNTERS = ("cas_attempts", "cas_conflicts", "reads", "announces", "announced_reads", "beats")
@@ -442,6 +450,7 @@ class Nodes:
         start_at = time.monotonic() + START_DELAY_S
         for w in self.workers:
             w.send(f"START {start_at!r}")
+        _RELEASED.set()
         bound = START_DELAY_S + cap + WATCHDOG_SLACK_S + 60.0
         until = time.monotonic() + bound
         results = [json.loads(w.expect("DONE", until - time.monotonic())) for w in self.workers]
@@ -543,14 +552,22 @@ def child(job_json: str) -> NoReturn:
     job = json.loads(job_json)
     limit = float(job["cap"]) + WATCHDOG_SLACK_S + _steady_s(job)
 
-    def expire() -> None:
+    start_up = WORKER_READY_S + CHILD_SLACK_PER_NODE_S * int(job["n"])
+
+    def watch() -> None:
+        if not _RELEASED.wait(start_up + limit):
+            error = f"the nodes were not released within {start_up + limit:g} s (worker start-up)"
+            _finish({"ok": False, "error": error})
+        time.sleep(START_DELAY_S + limit)
         with _Returned.lock:
             returned = _Returned.count
-        error = f"not finished {limit:g} s after the start: {returned} of {job['n']} nodes returned"
+        error = (
+            f"not finished {limit:g} s after the nodes were released: {returned} of "
+            f"{job['n']} nodes returned"
+        )
         _finish({"ok": False, "error": error})
 
-    watchdog = threading.Timer(limit, expire)
-    watchdog.daemon = True
+    watchdog = threading.Thread(target=watch, name="watchdog", daemon=True)
     watchdog.start()
     try:
         result: dict[str, Any] = {"ok": True, **MEASURES[job["kind"]](job)}
@@ -579,8 +596,10 @@ def _short(reason: str) -> str:
 
 
 def run_child(job: dict[str, Any], cap: float) -> Outcome:
-    """Run one measurement in a fresh interpreter, killed after cap + slack."""
-    limit = cap + CHILD_SLACK_S + CHILD_SLACK_PER_NODE_S * int(job["n"])
+    """Run one measurement in a fresh interpreter, killed (the last resort) a slack after
+    its own watchdog would have ended it: worker start-up, cap, steady window."""
+    start_up = WORKER_READY_S + CHILD_SLACK_PER_NODE_S * int(job["n"])
+    limit = start_up + cap + WATCHDOG_SLACK_S + _steady_s(job) + CHILD_SLACK_S
     proc = subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(job)],
         stdin=subprocess.DEVNULL,

@@ -60,6 +60,12 @@ from model_check.model import (
     store_state,
 )
 from model_check.planted import PLANTED
+from model_check.swarm import (
+    DEFAULT_WALK_MOVES,
+    DEFAULT_WALKS,
+    WALK_MOVES_LIMIT,
+    WALKS_LIMIT,
+)
 
 TRACE_FORMAT = "rdzv-model-check-trace/1"
 RESULT_FORMAT = "rdzv-model-check-result/1"
@@ -111,11 +117,18 @@ MODEL_OPTIONS = (
     "store_down",
     "skew",
     "late",
+    "next_job",
     "tick_ms",
     *TIME_OPTIONS,
 )
 """Options that define the model, in the order of a trace's argv (each as --name=value)."""
-MODEL_FLAGS = ("duplicate_identity", "late_starts", "cas_ignores_token", "stale_queries")
+MODEL_FLAGS = (
+    "duplicate_identity",
+    "late_starts",
+    "cas_ignores_token",
+    "stale_queries",
+    "store_outage",
+)
 """Switches that define the model (in a trace's argv only when on)."""
 REPLAY_OPTIONS = frozenset({"replay", "json", "quiet"})
 """What may accompany --replay: the trace carries every other setting."""
@@ -140,7 +153,8 @@ class _Parser(argparse.ArgumentParser):
 DESCRIPTION = """\
 Explore the rendezvous protocol: many virtual nodes run the node machine of spec/
 against a simulated compare-and-set store, and every interleaving (--mode exhaustive)
-or seeded random walks (--mode random) are checked for the properties listed in
+or seeded random walks (--mode random; --mode swarm: many short walks, each with its
+own fault budgets, start order and scheduler bias) are checked for the properties listed in
 docs/model_checker.md ("What is checked"). The first line says what this run checks;
 the second names every parameter; a violation prints the shortest counterexample and
 the command that replays it.
@@ -162,7 +176,9 @@ examples:
   python -m model_check --nodes 8
   python -m model_check --nodes 2 --min-nodes 2 --max-nodes 2 --crash 1
   python -m model_check --replay model_check_counterexample.json
-  python -m model_check --mode random --nodes 64 --steps 3000 --seed 1 --crash 3"""
+  python -m model_check --mode random --nodes 64 --steps 3000 --seed 1 --crash 3
+  python -m model_check swarm --protocol hardened --nodes 8 --crash 3 --cas-unknown 2 \\
+      --walks 200 --walk-moves 1500 --seed 1"""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -193,9 +209,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--mode",
-        choices=("exhaustive", "random"),
+        choices=("exhaustive", "random", "swarm"),
         default="exhaustive",
-        help="every interleaving, or seeded random walks (default exhaustive)",
+        help="every interleaving, seeded random walks, or a swarm of short walks with "
+        "knobs drawn per walk (also 'python -m model_check swarm ...'; default exhaustive)",
+    )
+    p.add_argument(
+        "--walks",
+        type=int,
+        default=None,
+        help=f"swarm mode: walks (1..{WALKS_LIMIT}; default {DEFAULT_WALKS})",
+    )
+    p.add_argument(
+        "--walk-moves",
+        type=int,
+        default=None,
+        help=f"swarm mode: most moves per walk (1..{WALK_MOVES_LIMIT}; default "
+        f"{DEFAULT_WALK_MOVES})",
     )
     p.add_argument("--seed", type=int, default=0, help="random mode's seed (default 0)")
     p.add_argument(
@@ -260,6 +290,16 @@ def _parser() -> argparse.ArgumentParser:
         help="this many agents (the last ones, at most --nodes) may start after t=0 (default 0)",
     )
     p.add_argument(
+        "--next-job",
+        type=int,
+        default=0,
+        help=(
+            "this many agents (the last ones, at most --nodes) belong to the next job under "
+            "the same run id: each may call next_rendezvous once a shutdown was called "
+            "(default 0)"
+        ),
+    )
+    p.add_argument(
         "--cas-ignores-token",
         action="store_true",
         help="planted store bug: compare-and-set writes whatever the token (default off)",
@@ -277,6 +317,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="planted handler bug: a query or close does not start from the newer view the "
         "process's other machine state holds, as in rdzv before that fix (default off)",
+    )
+    p.add_argument(
+        "--store-outage",
+        action="store_true",
+        help="--store-down counts instants of a store-wide outage: each fails every pending "
+        "store call at once, so consecutive ones keep every heartbeat out for longer than the "
+        "expiry (default off: each fails one call of one process)",
     )
     p.add_argument(
         "--tick-ms",
@@ -370,6 +417,8 @@ def build_config(
     """
     n = ns.nodes
     exhaustive = ns.mode == "exhaustive"
+    swarm = ns.mode == "swarm"
+    walk_mode = "swarm mode (a swarm of walks)" if swarm else "random mode"
     limit = EXHAUSTIVE_NODE_LIMIT if exhaustive and not replaying else RANDOM_NODE_LIMIT
     if not 1 <= n <= limit:
         mode = "--replay" if replaying else f"--mode {ns.mode}"
@@ -390,6 +439,15 @@ def build_config(
         raise UsageError(
             f"--late {ns.late} must be <= --nodes {n} (the last K processes start late)"
         )
+    if not 0 <= ns.next_job <= n:
+        raise UsageError(
+            f"--next-job {ns.next_job} must be in 0..--nodes {n} (the last K processes "
+            "belong to the next job)"
+        )
+    if ns.next_job and not ns.closes:
+        raise UsageError(
+            "--next-job needs --closes >= 1: the next job starts once the first one shut down"
+        )
     if ns.late_starts and ns.late:
         raise UsageError(
             "--late-starts already lets every process start late; pass it or --late K, not both"
@@ -401,6 +459,30 @@ def build_config(
             "--steps sets the length of a random walk (--mode random); the exhaustive "
             "search is bounded by --max-states or --max-depth"
         )
+    if swarm and ns.steps is not None:
+        raise UsageError(
+            "--steps sets random mode's total moves; a swarm's walks are bounded by "
+            "--walks and --walk-moves"
+        )
+    if not swarm and (ns.walks is not None or ns.walk_moves is not None):
+        given = "--walks" if ns.walks is not None else "--walk-moves"
+        raise UsageError(
+            f"{given} applies to --mode swarm (python -m model_check swarm ...); "
+            + (
+                "random mode uses --steps"
+                if ns.mode == "random"
+                else "the exhaustive search is bounded by --max-states or --max-depth"
+            )
+        )
+    walks = DEFAULT_WALKS if ns.walks is None else ns.walks
+    walk_moves = DEFAULT_WALK_MOVES if ns.walk_moves is None else ns.walk_moves
+    _in_range("walks", walks, 1, WALKS_LIMIT)
+    _in_range("walk_moves", walk_moves, 1, WALK_MOVES_LIMIT)
+    if swarm and ns.workers != 1:
+        raise UsageError(
+            "--workers applies to --mode random; a swarm runs its walks in one process "
+            "(use --workers 1, or split the walks over several runs with different --seed)"
+        )
     steps = DEFAULT_STEPS if ns.steps is None else ns.steps
     _in_range("steps", steps, 1, STEPS_LIMIT)
     max_states = ns.max_states
@@ -409,12 +491,18 @@ def build_config(
     if max_states < 0:
         raise UsageError(f"--max-states must be >= 0, got {max_states}")
     if ns.max_states is not None and not exhaustive:
-        raise UsageError("--max-states bounds the exhaustive search; random mode uses --steps")
+        raise UsageError(
+            f"--max-states bounds the exhaustive search; {walk_mode} uses "
+            + ("--walks and --walk-moves" if swarm else "--steps")
+        )
     max_depth = ns.max_depth if ns.max_depth is not None else 0
     if max_depth < 0:
         raise UsageError(f"--max-depth must be >= 0, got {max_depth}")
     if ns.max_depth is not None and not exhaustive:
-        raise UsageError("--max-depth bounds the exhaustive search; random mode uses --steps")
+        raise UsageError(
+            f"--max-depth bounds the exhaustive search; {walk_mode} uses "
+            + ("--walks and --walk-moves" if swarm else "--steps")
+        )
     if ns.keep_going and not exhaustive:
         raise UsageError(
             "--keep-going applies to the exhaustive search; a random walk stops at its "
@@ -440,8 +528,10 @@ def build_config(
             duplicate_identity=ns.duplicate_identity,
             late_starts=ns.late_starts,
             late=ns.late,
+            next_job=ns.next_job,
             cas_ignores_token=ns.cas_ignores_token,
             share_views=not ns.stale_queries,
+            store_outage=ns.store_outage,
             workload=ns.workload,
         )
         settings = cfg.settings
@@ -459,7 +549,9 @@ def build_config(
         "max_nodes": max_nodes,
         "mode": "replay" if replaying else ns.mode,
         "seed": ns.seed,
-        "steps": None if exhaustive else steps,
+        "steps": steps if ns.mode == "random" else None,
+        "walks": walks if swarm else None,
+        "walk_moves": walk_moves if swarm else None,
         "symmetry": symmetry,
         "symmetry_off_reason": reason,
         "workers": ns.workers,
@@ -470,9 +562,11 @@ def build_config(
         "skew_ticks": ns.skew,
         "duplicate_identity": ns.duplicate_identity,
         "late": ns.late,
+        "next_job": ns.next_job,
         "late_starts": ns.late_starts,
         "store": "cas-ignores-token" if ns.cas_ignores_token else "linearizable-cas",
         "stale_queries": ns.stale_queries,
+        "store_outage": ns.store_outage,
         "workload": ns.workload,
         "tick_ms": ns.tick_ms,
         "join_timeout_ticks": ns.join_timeout,
@@ -534,10 +628,17 @@ def _text_params(p: dict[str, Any]) -> dict[str, Any]:
         "cache": f"{p['cache_ms']}ms",
         "max_states": p["max_states"] or "none",
     }
+    if p["next_job"]:  # named only when on, like the planted bug below
+        text["next_job"] = p["next_job"]
     if p["stale_queries"]:  # a planted bug: named only when on
         text["stale_queries"] = True
+    if p.get("store_outage"):  # named only when on, so other runs' lines stay as they were
+        text["store_outage"] = True
     if p["max_depth"]:  # only then, so that every other run's line stays as it was
         text["max_depth"] = p["max_depth"]
+    if p["walks"] is not None:  # swarm mode only
+        text["walks"] = p["walks"]
+        text["walk_moves"] = p["walk_moves"]
     if "replay" in p:
         text["replay"] = p["replay"]
     return text
@@ -581,9 +682,13 @@ def headline(params: dict[str, Any], given: set[str]) -> str:
         faults.append("process 1 reuses process 0's identity")
     if params["store"] != "linearizable-cas":
         faults.append(f"a {params['store']} store")
+    if params.get("store_outage"):
+        faults.append("store-down as instants of a store-wide outage")
     if params["stale_queries"]:
         faults.append("queries that ignore the newer view (a planted handler bug)")
-    if faults:
+    if faults and params["mode"] == "swarm":
+        fault_text = "faults, at most (each walk draws its own): " + ", ".join(faults)
+    elif faults:
         fault_text = "faults: " + ", ".join(faults)
     elif given & set(BUDGET_OPTIONS) - {"closes", "worker_failures"}:
         fault_text = "faults: none"
@@ -600,6 +705,11 @@ def headline(params: dict[str, Any], given: set[str]) -> str:
         world += ", every agent may start late"
     elif params["late"]:
         world += f", {params['late']} agents may start late"
+    if params["next_job"]:
+        world += (
+            f", {params['next_job']} of them of the next job under the same run id (they "
+            "start once a shutdown was called)"
+        )
     mode = params["mode"]
     if mode == "exhaustive":
         bounds = []
@@ -614,6 +724,14 @@ def headline(params: dict[str, Any], given: set[str]) -> str:
         search = (
             f"search: {walks} random walk{'s' if walks != 1 else ''} of {params['steps']} "
             f"moves in all, seed {params['seed']}, over {world} (a sample, not every run)"
+        )
+    elif mode == "swarm":
+        walks = params["walks"]
+        search = (
+            f"search: a swarm of {walks} random walk{'s' if walks != 1 else ''} of at most "
+            f"{params['walk_moves']} moves each, seed {params['seed']}, each drawing its own "
+            "fault budgets (up to the ones given), shutdowns, worker failures, skew, late "
+            f"starters, start order and scheduler bias, over {world} (a sample, not every run)"
         )
     else:
         search = f"replay of {params['replay']} over {world}, without reduction"
@@ -975,6 +1093,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             # prove.load_z3 exits with how to install z3: a setup problem, not a failed proof.
             print(f"model_check: error: {exc.code}", file=sys.stderr)
             return 2
+    if args and args[0] == "swarm":
+        if any(a == "--mode" or a.startswith("--mode=") for a in args[1:]):
+            print(
+                "model_check: error: 'swarm' is --mode swarm; pass one of them, not --mode too",
+                file=sys.stderr,
+            )
+            return 2
+        args = ["--mode=swarm", *args[1:]]
     try:
         return _main(args)
     except UsageError as exc:
@@ -1016,6 +1142,8 @@ def _main(args: list[str]) -> int:
         print(f"model_check checks {checks}")
         print(first_line(params), flush=True)
     progress = None if ns.quiet else progress_line
+    if ns.mode == "swarm":
+        return _swarm_main(ns, cfg, params, argv, checks)
     found: list[tuple[Violation, list[Move]]] = []
     if ns.mode == "exhaustive":
         with _terminate_as_interrupt():
@@ -1111,6 +1239,156 @@ def _main(args: list[str]) -> int:
             if outcome == UNDECIDED_RESULT:
                 print(undecided_line(result, cfg))
         print(summary_line(result, outcome))
+    if trace_error is not None:
+        sys.stdout.flush()
+        print(
+            f"model_check: error: {trace_error}; the violation and its counterexample are on "
+            "stdout (exit 1); rerun with --trace-out FILE in a writable directory for a trace",
+            file=sys.stderr,
+        )
+    return EXIT_CODES[outcome]
+
+
+def _swarm_main(
+    ns: argparse.Namespace,
+    cfg: ModelConfig,
+    params: dict[str, Any],
+    argv: list[str],
+    checks: str,
+) -> int:
+    """Swarm mode (:mod:`model_check.swarm`): run the walks, print the report.
+
+    Every line on stdout (and the ``--json`` document) is a function of the options: the
+    wall time goes to stderr, on its own line, unless ``--quiet``."""
+    from model_check import swarm
+
+    caps = swarm.Caps(
+        cfg.faults, ns.closes, ns.worker_failures, ns.skew, 0 if ns.late_starts else ns.late
+    )
+    with _terminate_as_interrupt():
+        sw = swarm.run_swarm(
+            cfg,
+            caps,
+            walks=params["walks"],
+            walk_moves=params["walk_moves"],
+            seed=ns.seed,
+            symmetry=params["symmetry"],
+            progress=None if ns.quiet else progress_line,
+        )
+    result = sw.as_result()
+    outcome = verdict(result)
+    if sw.interrupted and outcome != VIOLATED:
+        outcome = BOUNDED
+    first = sw.first()
+    lines: list[str] = []
+    steps: list[tuple[Move, Outcome]] = []
+    trace_path: Path | None = None
+    trace_error: str | None = None
+    replay_cmd = ""
+    walk_argv: list[str] = []
+    if first is not None:
+        walk_cfg = swarm.walk_config(cfg, first.knobs)
+        steps, _ = replay(walk_cfg, first.result.path)
+        lines = render_steps(walk_cfg, steps)
+        walk_ns = argparse.Namespace(**vars(ns))
+        for name, value in swarm.knob_options(first.knobs, ns.late_starts).items():
+            setattr(walk_ns, name, value)
+        walk_argv = canonical_argv(walk_ns, params)
+        trace_path = Path(ns.trace_out or DEFAULT_TRACE)
+        trace_error = _write_trace(trace_path, walk_argv, result, lines)
+        if trace_error is None:
+            replay_cmd = f"python -m model_check --replay {trace_path}"
+    violations = swarm.violation_summary(sw)
+    props = swarm.property_checks(sw, sorted(PROPERTIES))
+    ends = _ends(result, cfg)
+    walked = len(sw.walks)
+    if ns.json:
+        doc = {
+            "format": swarm.SWARM_FORMAT,
+            "result": outcome,
+            "exit_code": EXIT_CODES[outcome],
+            "checks": checks,
+            "params": params,
+            "argv": argv,
+            "walks_run": walked,
+            "interrupted": sw.interrupted,
+            "episodes": result.episodes,
+            "violations": violations,
+            "violation": None
+            if first is None or result.violation is None
+            else {
+                "name": result.violation.name,
+                "message": result.violation.message,
+                "moves": len(result.path),
+                "walk": first.knobs.as_dict(),
+                "argv": walk_argv,
+            },
+            "counterexample": None
+            if first is None
+            else counterexample_doc(swarm.walk_config(cfg, first.knobs), steps, lines),
+            "trace": str(trace_path) if trace_path and trace_error is None else None,
+            "trace_error": trace_error,
+            "replay": replay_cmd or None,
+            "coverage": {"distinct_worlds": sw.unique, "moves": sw.moves}
+            | swarm.coverage_doc(sw, cfg),
+            "properties": props,
+            "walk_ends": ends,
+            "states": result.states,
+            "unique": result.unique,
+            "depth": result.depth,
+        }
+        print(json.dumps(doc, sort_keys=True))
+    else:
+        print(
+            f"swarm: walks={walked} of {params['walks']} episodes={result.episodes} "
+            f"moves={sw.moves} violations={len(sw.violating())} (walks that found one)"
+            + (" INTERRUPTED (Ctrl-C or SIGTERM): the walks done so far" if sw.interrupted else "")
+        )
+        for v in violations:
+            print(
+                f"violated: {v['name']} in {v['walks']} walk{'s' if v['walks'] != 1 else ''} "
+                f"(shortest {v['shortest_moves']} moves, walk {v['walk']})"
+            )
+        if first is not None and result.violation is not None:
+            print(f"VIOLATION {result.violation.name}: {result.violation.message}")
+            print(
+                f'found by walk {first.knobs.index} (seed "{first.knobs.seed}"): '
+                + first.knobs.describe()
+            )
+            print("walk model: " + " ".join(walk_argv))
+            print(f"counterexample ({len(result.path)} moves):")
+            for line in lines:
+                print(line)
+            if trace_error is None:
+                print(f"trace: {trace_path}")
+                print(f"replay: {replay_cmd}")
+            else:
+                print(f"trace: not written ({trace_error})")
+        for line in swarm.coverage_lines(sw, cfg, params["symmetry"]):
+            print(line)
+        print(
+            "properties: "
+            + " ".join(
+                f"{p['name']}={p['checks']}"
+                + (f"!{p['violated_walks']}" if p["violated_walks"] else "")
+                for p in props
+            )
+            + " (checks; !k: violated in k walks; safety properties are checked on every "
+            "move, calls_end_as_specified at every walk end, livelock needs the whole graph)"
+        )
+        print(
+            f"{CALLS_END}: walk ends checked={ends['checked']} "
+            f"undecided={ends['undecided']} (longest continuation "
+            f"{ends['longest_continuation_moves']} of {ends['continuation_bound_moves']} moves)"
+        )
+        if outcome == UNDECIDED_RESULT:
+            print(undecided_line(result, cfg))
+        print(
+            f"states={result.states} unique={result.unique} depth={result.depth} result={outcome}"
+        )
+    if not ns.quiet:
+        sys.stdout.flush()
+        print(f"model_check: swarm wall time {sw.seconds:.2f} s", file=sys.stderr)
     if trace_error is not None:
         sys.stdout.flush()
         print(

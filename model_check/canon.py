@@ -85,7 +85,7 @@ ENCODED_FIELDS: dict[str, frozenset[str]] = {
     "Proc": frozenset(
         {
             *("ident", "pc", "local", "control", "skew", "returned", "outcome", "beating"),
-            *("late", "stood_by"),
+            *("late", "stood_by", "next_job"),
         }
     ),
     "Completion": frozenset({"round", "world_size", "waiting"}),
@@ -93,14 +93,14 @@ ENCODED_FIELDS: dict[str, frozenset[str]] = {
     "RendezvousState": frozenset(
         {
             *("round", "complete", "closed", "deadline", "participants", "wait_list"),
-            *("redundancy_list", "last_heartbeats"),
+            *("redundancy_list", "last_heartbeats", "epoch"),
         }
     ),
     "Local": frozenset(
         {
             *("node", "view", "token", "dirty", "synced_at", "phase", "op", "deadline"),
             *("seen_beats", "seen_last_call", "announced", "folding"),
-            *("beats", "beat_at", "watched_at", "watch"),
+            *("beats", "beat_at", "watched_at", "watch", "job"),
         }
     ),
 }
@@ -136,7 +136,9 @@ def _members(state: RendezvousState) -> set[NodeId]:
 
 
 def _state_skeleton(state: RendezvousState) -> tuple[object, ...]:
-    return (state.round, state.complete, state.closed, state.deadline)
+    head = (state.round, state.complete, state.closed, state.deadline)
+    # the epoch only once a run was reopened, so runs without --next-job keep their keys
+    return (*head, state.epoch) if state.epoch else head
 
 
 def _store_record(state: RendezvousState, ranks: bool) -> _Record:
@@ -192,6 +194,7 @@ def _lane_skeleton(local: Local, keep_view: bool, lane: Lane) -> tuple[object, .
         local.announced,
         None if local.folding is None else local.folding.value,
         local.beats,
+        local.job,
         local.beat_at,
         local.watched_at,
         keep_view,
@@ -206,7 +209,7 @@ def _proc_record(p: Proc, ranks: bool, keep_view: bool, keep_control: bool) -> _
     local, control = p.local, p.control
     r = p.returned
     returned = None if r is None else (r.round, r.world_size, r.rank if ranks else None)
-    head = (int(p.pc), p.skew, returned, p.outcome, p.beating, p.late, p.stood_by)
+    head = (int(p.pc), p.skew, returned, p.outcome, p.beating, p.late, p.stood_by, p.next_job)
     if p.pc in (Pc.CRASHED, Pc.ENDED):
         return _Record(repr(("proc", *head)), ((p.ident, "self"),))
     listed = _members(local.view) if keep_view else set()

@@ -208,7 +208,7 @@ def explore(
 _FAULT_MOVES = frozenset(
     {*FAULT_KINDS, "cas_unknown_applied", "cas_unknown_lost"} - {"cas_unknown"}
     | {CONTROL_MOVES[k] for k in ("cas_unknown_applied", "cas_unknown_lost", "store_down")}
-    | {"fail_worker"}
+    | {"fail_worker", "store_outage"}
 )
 """Move kinds that inject a fault, or a worker failure (which no call needs to end)."""
 
@@ -399,19 +399,41 @@ def _finish(result: Result, start: float, canon: Canon, graph: _Graph, keep: boo
     return result
 
 
+ChooseFn = Callable[[list[Move], random.Random], Move]
+"""A scheduler for :func:`simulate`: picks one of the enabled moves (never an empty list),
+drawing only from the walk's own random generator."""
+ObserveFn = Callable[[Outcome], None]
+"""Called with the outcome of every move a walk applies (its continuation's included)."""
+
+
+def uniform_choice(moves: list[Move], rng: random.Random) -> Move:
+    """Random mode's scheduler: every enabled move equally likely."""
+    return moves[rng.randrange(len(moves))]
+
+
 def simulate(
     cfg: ModelConfig,
     *,
     seed: str,
     steps: int,
     progress: ProgressFn | None = None,
+    choose: ChooseFn = uniform_choice,
+    observe: ObserveFn | None = None,
+    fingerprint: Callable[[World], bytes] | None = None,
+    seen: set[bytes] | None = None,
 ) -> Result:
     """Random walks: ``steps`` moves in total, restarting from the initial world whenever
-    nothing is enabled any more. Deterministic for a given seed string."""
+    nothing is enabled any more. Deterministic for a given seed string.
+
+    Swarm mode (:mod:`model_check.swarm`) walks with this same function: its own
+    scheduler ``choose``, an ``observe`` hook for coverage, the canonical ``fingerprint``
+    (default: :func:`plain_fingerprint`) and a ``seen`` set shared by many walks
+    (``Result.unique`` is then the size of that set)."""
     rng = random.Random(seed)
     start = time.monotonic()
     result = Result()
-    seen: set[bytes] = set()
+    seen = set() if seen is None else seen
+    fp_of = fingerprint or (lambda w: plain_fingerprint(w, cfg))
     world = make_initial(cfg)
     path: list[Move] = []
     result.episodes = 1
@@ -420,13 +442,15 @@ def simulate(
     for _ in range(steps):
         moves = enabled(world, cfg)
         if not moves:
-            if _check_end(world, path, cfg, result, ends, progress):
+            if _check_end(world, path, cfg, result, ends, progress, observe):
                 break
             world, path = make_initial(cfg), []
             result.episodes += 1
             continue
-        move = moves[rng.randrange(len(moves))]
+        move = choose(moves, rng)
         out: Outcome = apply(world, move, cfg)
+        if observe is not None:
+            observe(out)
         path.append(move)
         result.states += 1
         result.depth = max(result.depth, len(path))
@@ -434,7 +458,7 @@ def simulate(
             result.violation, result.path = out.violations[0], list(path)
             break
         world = out.world
-        seen.add(plain_fingerprint(world, cfg))
+        seen.add(fp_of(world))
         now = time.monotonic()
         if progress is not None and now - last_report >= 1.0:
             last_report = now
@@ -448,7 +472,7 @@ def simulate(
                 }
             )
     else:
-        _check_end(world, path, cfg, result, ends, progress)
+        _check_end(world, path, cfg, result, ends, progress, observe)
     result.ends = (ends[0], ends[1])
     result.unique = len(seen)
     result.seconds = time.monotonic() - start
@@ -490,6 +514,7 @@ def _check_end(
     result: Result,
     ends: list[int],
     progress: ProgressFn | None = None,
+    observe: ObserveFn | None = None,
 ) -> bool:
     """The general liveness property at the end of a random walk; True on a violation.
 
@@ -559,6 +584,8 @@ def _check_end(
             if run >= RUN_MOVES:
                 turn, run = move.slot + 1, 0
         out = apply(world, move, cfg)
+        if observe is not None:
+            observe(out)
         extra.append(move)
         if out.violations:
             result.violation, result.path = out.violations[0], [*path, *extra]

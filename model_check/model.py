@@ -203,10 +203,21 @@ class ModelConfig:
     late: int = 0
     """How many processes (the last slots) may start after time advanced; the others are
     launched before time first advances."""
+    next_job: int = 0
+    """How many processes (the last slots, late starters) belong to the next job under
+    the same run id: each may call next_rendezvous once a shutdown has been called (a
+    requeued job starting where the first one closed the run)."""
     duplicate_identity: bool = False
     """Process 1 gets process 0's identity (two live processes, one NodeId)."""
     cas_ignores_token: bool = False
     """Planted store bug: compare-and-set writes whatever token it is given."""
+    store_outage: bool = False
+    """The ``store_down`` budget counts instants of a store-wide outage instead of single
+    failed calls: one ``store_outage`` move fails every pending store call of every
+    process at once (issue 26). Several of them on consecutive ticks keep every heartbeat
+    out of the store for longer than the expiry. Unlike a failed call of one node, an
+    outage that silences everybody does not excuse evicting a live node
+    (``live_node_evicted`` still applies): nobody's silence is its own."""
     forget_stale: bool = True
     """Apply :func:`forget_stale_sightings` where it is exact (off only to test it)."""
     rotate_beats: bool = True
@@ -323,6 +334,9 @@ class Proc:
     stood_by: bool = False
     """Its current join withdrew from the wait list at the deadline: it waited as a late
     node for a round that stayed complete (and full of others) until then."""
+    next_job: bool = False
+    """An agent of the next job under the same run id: it calls next_rendezvous only
+    once some agent of the first job has called shutdown (``ModelConfig.next_job``)."""
     _hash: int | None = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     def __hash__(self) -> int:
@@ -406,11 +420,13 @@ LIVELOCK = "livelock"
 COUNT_REFLECTS_ROUND = "count_reflects_round"
 ROUND_END_REPORTED = "round_end_reported"
 RESTART_HAS_CAUSE = "restart_has_cause"
+JOBS_NEVER_MIX = "jobs_never_mix"
 MODEL_PROPERTIES = (
     COMPLETE_ROUND_NOT_EMPTY,
     COUNT_REFLECTS_ROUND,
     RESTART_HAS_CAUSE,
     ROUND_END_REPORTED,
+    JOBS_NEVER_MIX,
     RETURN_IS_MEMBER,
     WORLD_SIZE_IN_RANGE,
     RANK_IN_RANGE,
@@ -527,8 +543,19 @@ def initial_world(cfg: ModelConfig) -> World:
     procs = []
     for slot in range(cfg.nodes):
         ident = node_id(0 if (cfg.duplicate_identity and slot == 1) else slot)
-        late = cfg.late_starts or slot >= cfg.nodes - cfg.late
-        procs.append(Proc(ident, Pc.NEW, Local(ident), Local(ident), cfg.skew_of(slot), late=late))
+        next_job = slot >= cfg.nodes - cfg.next_job
+        late = cfg.late_starts or slot >= cfg.nodes - cfg.late or next_job
+        procs.append(
+            Proc(
+                ident,
+                Pc.NEW,
+                Local(ident),
+                Local(ident),
+                cfg.skew_of(slot),
+                late=late,
+                next_job=next_job,
+            )
+        )
     return World(None, tuple(procs))
 
 
@@ -591,10 +618,14 @@ def enabled(world: World, cfg: ModelConfig) -> list[Move]:
             kinds = ["wake"] if local.phase is Phase.WAITING else ["io"]
             if local.phase is Phase.WRITING and used["cas_unknown"] < budget.cas_unknown:
                 kinds += ["cas_unknown_applied", "cas_unknown_lost"]
-            if local.phase is not Phase.WAITING and used["store_down"] < budget.store_down:
+            if (
+                local.phase is not Phase.WAITING
+                and used["store_down"] < budget.store_down
+                and not cfg.store_outage
+            ):
                 kinds.append("store_down")
             moves.extend(Move(k if names is None else names[k], slot) for k in kinds)
-        if p.pc is Pc.NEW:
+        if p.pc is Pc.NEW and (world.closes > 0 or not p.next_job):
             moves.append(Move("start", slot))
         if p.pc is Pc.MEMBER:
             if cfg.workload == AGENT_WORKLOAD:
@@ -610,11 +641,28 @@ def enabled(world: World, cfg: ModelConfig) -> list[Move]:
                 moves.append(Move("restart_new", slot))
             if used["restart_same"] < budget.restart_same:
                 moves.append(Move("restart_same", slot))
+    if cfg.store_outage and used["store_down"] < budget.store_down and _outage_hits(world):
+        moves.append(Move("store_outage"))
     if any(p.pc is Pc.NEW and not p.late for p in world.procs):
         blocked = False  # these agents are launched before time first advances
     if blocked and _time_matters(world):
         moves.append(Move("tick"))
     return moves
+
+
+def _outage_hits(world: World) -> bool:
+    """Whether a store-wide outage may strike now: it fails at least one pending store
+    call, and it finds the keep-alive of every member pending, so that it silences all
+    of them (one that gets through first would make it an outage of the others alone,
+    after which their eviction is no error: that is the ``store_down`` fault)."""
+    hits = False
+    for p in world.procs:
+        if p.pc in HALTED_PCS:
+            continue
+        if p.pc in BEATING_PCS and p.local.phase not in _IO_PHASES:
+            return False
+        hits = hits or p.local.phase in _IO_PHASES or p.control.phase in _IO_PHASES
+    return hits
 
 
 def _time_matters(world: World) -> bool:
@@ -1048,6 +1096,8 @@ class _Run:
                 f"round {after.round} is complete with no participants: no node can finish, "
                 "join or advance it (the round epilogue did not run)",
             )
+        if before.closed and not after.closed:
+            self.on_reopen(slot, before)
         if after.complete and (not before.complete or before.round != after.round):
             self.completion = Completion(after.round, after.num_participants, after.wait_list)
         self.store = data
@@ -1204,6 +1254,10 @@ class _Run:
             self.set(slot, pc=Pc.MEMBER)
             return None
         if p.pc is Pc.CLOSING:
+            if request.op is Op.CLOSE and not failed and self.cfg.variant.reopens:
+                # Then it leaves the run (the wait or redundancy list, or its round), so
+                # that the next job under the run id finds it vacant and reopens it.
+                return Lane.MAIN, self.start_op(slot, Lane.MAIN, Op.EXIT, self.cfg.close_ticks)
             outcome = "shutdown raised " + kind if failed else "shut down"
             self.set(slot, pc=Pc.ENDED, outcome=outcome)
             return None
@@ -1238,6 +1292,21 @@ class _Run:
                     LIVE_NODE_EVICTED,
                     f"{p.ident} pruned {other.ident} as dead, but it is alive "
                     f"({other.pc.name.lower()}) and keeping its heartbeat",
+                )
+                return
+
+    def on_reopen(self, slot: int, closed: RendezvousState) -> None:
+        """A new job reopens the closed run: no member of the closed job may still be
+        training there (it was listed, so the run was not vacant, unless it was pruned
+        as dead while alive)."""
+        p = self.procs[slot]
+        self.note(f"{p.ident}: reopens the run for a new job (epoch {closed.epoch + 1})")
+        for other in self.procs:
+            if other.pc in BEATING_PCS and other.local.job == closed.epoch:
+                self.violate(
+                    JOBS_NEVER_MIX,
+                    f"{p.ident} reopened the closed run for a new job while {other.ident}, a "
+                    f"member of the closed job, is still {other.pc.name.lower()}",
                 )
                 return
 
@@ -1285,6 +1354,12 @@ class _Run:
                 f"{p.ident} returned for round {rnd} without being a member of a complete round",
             )
             return
+        if p.local.job is not None and view.epoch != p.local.job:
+            self.violate(
+                JOBS_NEVER_MIX,
+                f"{p.ident} of the job of epoch {p.local.job} returned round {rnd} of the "
+                f"job of epoch {view.epoch}, which reopened the run after its own closed",
+            )
         got = Returned(rnd, rank, w)
         self.procs[slot] = evolve_proc(p, returned=got)
         settings = self.cfg.settings
@@ -1684,7 +1759,9 @@ def apply(world: World, move: Move, cfg: ModelConfig) -> Outcome:
         else:
             run.used[2] += 1
             ident = old.ident
-        run.procs[slot] = Proc(ident, Pc.NEW, Local(ident), Local(ident), old.skew, late=True)
+        run.procs[slot] = Proc(
+            ident, Pc.NEW, Local(ident), Local(ident), old.skew, late=True, next_job=old.next_job
+        )
         run.note(f"process {slot} restarts as {ident}")
     elif kind in ("cas_unknown_applied", "cas_unknown_lost"):
         run.used[3] += 1
@@ -1700,6 +1777,14 @@ def apply(world: World, move: Move, cfg: ModelConfig) -> Outcome:
             run.procs[slot] = evolve_proc(p, beating=False)
         run.note(f"{p.ident}: compare-and-set outcome unknown ({kind.rsplit('_', 1)[1]})")
         run.feed(slot, IoFailed("compare-and-set outcome unknown", run.now(p)), lane)
+    elif kind == "store_outage":
+        run.used[4] += 1
+        run.note("the store is unreachable for everybody: every pending store call fails")
+        for i in range(len(run.procs)):
+            for lane_ in (Lane.MAIN, Lane.CONTROL):
+                p = run.procs[i]
+                if p.pc not in HALTED_PCS and run.lane(i, lane_).phase in _IO_PHASES:
+                    run.feed(i, IoFailed("store unreachable", run.now(p)), lane_)
     elif kind == "store_down":
         run.used[4] += 1
         p = evolve_proc(run.procs[slot], beating=False)  # as for a lost write, above

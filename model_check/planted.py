@@ -182,6 +182,7 @@ def _standing_by_watch_rows() -> dict[tuple[Op, int], None]:
         (Op.JOIN, index): None
         for index, r in enumerate(SCALE.table(Op.JOIN).rows)
         if r.then in (Action.WATCH, Action.PRUNE_DEAD)
+        and Atom.NEWCOMER not in {lit.atom for lit in r.when}
     }
 
 
@@ -250,6 +251,37 @@ SCALE_WAITERS_OUTLIVE_COMPLETION = SCALE.derive(
     folds={Action.FOLD: fold_announced, Action.FOLD_AND_COMPLETE: fold_and_complete},
 )
 
+CROWD = 7
+"""Participants from which :func:`mark_complete_crowded` misbehaves: more than exhaustive
+search can hold (N <= 4 never has that many; at N = 8 with every fault the second round is
+far deeper than breadth-first search gets, see docs/model_checker.md, "Swarm mode")."""
+
+
+def mark_complete_crowded(
+    state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
+) -> RendezvousState:
+    """Planted bug: hardened's completion, except that a round after the first that
+    completes with :data:`CROWD` or more participants gives its last member the rank of
+    the one before it (two members share a rank; none has the top one)."""
+    done = HARDENED.effects[Action.MARK_RENDEZVOUS_COMPLETE](state, node, settings, wall_now)
+    members = done.participant_nodes()
+    if done.round < 1 or len(members) < CROWD:
+        return done
+    ranks = done.participant_map()
+    ranks[members[-1]] = ranks[members[-2]]
+    return done.evolve(participants=ranks)
+
+
+CROWDED_RANKS = HARDENED.derive(
+    "planted-crowded-ranks",
+    description=(
+        f"hardened whose completion of a round after the first with {CROWD} or more "
+        "participants gives two members the same rank: a bug only a run with many nodes "
+        "and a second round can show (found by swarm mode at N = 8, out of exhaustive reach)"
+    ),
+    effects={Action.MARK_RENDEZVOUS_COMPLETE: mark_complete_crowded},
+)
+
 DROPPED_MEMBER_UNCOUNTED = HARDENED.derive(
     "planted-dropped-member-uncounted",
     description=(
@@ -258,6 +290,41 @@ DROPPED_MEMBER_UNCOUNTED = HARDENED.derive(
         "never told"
     ),
     counts_dropped_member=False,
+)
+
+
+def _hardened_join_row(action: Action, atom: Atom) -> int:
+    """The index of hardened's join row choosing ``action`` whose guard names ``atom``."""
+    for index, r in enumerate(HARDENED.table(Op.JOIN).rows):
+        if r.then is action and atom in {lit.atom for lit in r.when}:
+            return index
+    raise AssertionError(f"hardened has no join row {action.value} on {atom.value}")
+
+
+REOPEN_FORGETS_JOB = HARDENED.derive(
+    "planted-reopen-forgets-job",
+    description=(
+        "hardened without the join row by which a node whose job closed the run fails "
+        "once a new job has reopened it: a node of the closed job that was still joining "
+        "when the run was reopened joins the new job's rounds"
+    ),
+    rows={(Op.JOIN, _hardened_join_row(Action.ERROR_CLOSED, Atom.LATER_JOB)): None},
+)
+
+REOPEN_UNDER_MEMBERS = HARDENED.derive(
+    "planted-reopen-under-members",
+    description=(
+        "hardened whose newcomers reopen a closed run without waiting until nobody is "
+        "listed in it: a new job starts while members of the closed one still train"
+    ),
+    rows={
+        (Op.JOIN, _hardened_join_row(Action.REOPEN, Atom.NEWCOMER)): row(
+            Atom.CLOSED,
+            Atom.NEWCOMER,
+            then=Action.REOPEN,
+            why="planted: reopen whoever is still listed",
+        )
+    },
 )
 
 PLANTED: Mapping[str, Variant] = MappingProxyType(
@@ -277,6 +344,9 @@ PLANTED: Mapping[str, Variant] = MappingProxyType(
             WAITERS_OUTLIVE_COMPLETION,
             SCALE_WAITERS_OUTLIVE_COMPLETION,
             DROPPED_MEMBER_UNCOUNTED,
+            CROWDED_RANKS,
+            REOPEN_FORGETS_JOB,
+            REOPEN_UNDER_MEMBERS,
         )
     }
 )

@@ -249,6 +249,8 @@ class SymState:
     """Node -> Bool: has a heartbeat."""
     beats: Z
     """Node -> Int: the heartbeat; meaningful where ``beating``."""
+    epoch: Z
+    """Which job under the run id (``RendezvousState.epoch``)."""
 
     def evolve(self, **changes: Z) -> SymState:
         return replace(self, **changes)
@@ -269,12 +271,14 @@ def fresh_state(w: World, name: str) -> SymState:
         redundant=w.node_array(f"{name}.redundant", z3.BoolSort()),
         beating=w.node_array(f"{name}.beating", z3.BoolSort()),
         beats=w.node_array(f"{name}.beats", z3.IntSort()),
+        epoch=w.fresh(f"{name}.epoch", z3.IntSort()),
     )
 
 
 def state_facts(w: World, s: SymState) -> list[Z]:
-    """What every state satisfies by construction (the count is the set's size)."""
-    return w.card_facts(s.participants, s.n_participants)
+    """What every state satisfies by construction (the count is the set's size, the
+    epoch is not negative)."""
+    return [*w.card_facts(s.participants, s.n_participants), s.epoch >= 0]
 
 
 def empty_state(w: World) -> SymState:
@@ -283,7 +287,7 @@ def empty_state(w: World) -> SymState:
     zero = z3.K(w.Node, z3.IntVal(0))
     return SymState(
         z3.IntVal(0), z3.BoolVal(False), z3.BoolVal(False), z3.BoolVal(False), z3.IntVal(0),
-        no, z3.IntVal(0), zero, no, no, no, zero,
+        no, z3.IntVal(0), zero, no, no, no, zero, z3.IntVal(0),
     )  # fmt: skip
 
 
@@ -317,6 +321,7 @@ def concrete_state(w: World, state: RendezvousState) -> SymState:
         redundant=bools(state.redundancy_list),
         beating=bools([n for n, _ in state.last_heartbeats]),
         beats=ints(state.last_heartbeats),
+        epoch=z3.IntVal(state.epoch),
     )
 
 
@@ -383,6 +388,8 @@ class SymContext:
     (negative: never)."""
     any_dead: Z | None = None
     """Heartbeats under keys: some watched node is dead by this node's clock."""
+    job_offset: Z | None = None
+    """``spec.tables.Context.job_offset`` (None: 0)."""
 
 
 def _listed(c: SymContext) -> Z:
@@ -397,9 +404,25 @@ def _beat_due(w: World, c: SymContext) -> Z:
     return z3.And(_listed(c), z3.Or(c.beat_age < 0, c.beat_age >= c.settings.keep_alive_interval))
 
 
+def _newcomer(w: World, c: SymContext) -> Z:
+    return w.z3.BoolVal(False) if c.job_offset is None else c.job_offset < 0
+
+
+def _later_job(w: World, c: SymContext) -> Z:
+    return w.z3.BoolVal(False) if c.job_offset is None else c.job_offset > 0
+
+
+def _vacant(w: World, c: SymContext) -> Z:
+    z3, s = w.z3, c.state
+    return w.forall(lambda x: z3.Not(z3.Or(s.participants[x], s.waiting[x], s.redundant[x])))
+
+
 def _watch_due(w: World, c: SymContext) -> Z:
     z3 = w.z3
-    member = z3.And(c.state.complete, _listed(c))
+    member = z3.Or(
+        z3.And(c.state.complete, _listed(c)),
+        z3.And(c.state.closed, _newcomer(w, c), z3.Not(_listed(c))),
+    )
     if c.watch_age is None:
         return member
     return z3.And(member, z3.Or(c.watch_age < 0, c.watch_age >= c.settings.keep_alive_interval))
@@ -467,6 +490,9 @@ ATOM_FORMULAS: Mapping[Atom, Callable[[World, SymContext], Z]] = {
     Atom.BEAT_DUE: _beat_due,
     Atom.WATCH_DUE: _watch_due,
     Atom.MONITORED_DEAD: lambda w, c: w.z3.BoolVal(False) if c.any_dead is None else c.any_dead,
+    Atom.NEWCOMER: _newcomer,
+    Atom.LATER_JOB: _later_job,
+    Atom.VACANT: _vacant,
 }
 """Each atom's definition (``spec.tables.ATOM_PREDICATES``) as a formula."""
 
@@ -640,6 +666,11 @@ def s_mark_closed(w: World, s: SymState, me: Z, st: SymSettings, wall: Z) -> Sym
     return s.evolve(closed=w.z3.BoolVal(True))
 
 
+def s_reopen(w: World, s: SymState, me: Z, st: SymSettings, wall: Z) -> SymState:
+    """``spec.effects.reopen``: the next round, empty and not closed."""
+    return empty_state(w).evolve(round=s.round + 1, epoch=s.epoch + 1)
+
+
 SymFold = Callable[[World, SymState, Z, Z, SymSettings, Z], SymState]
 
 
@@ -797,6 +828,7 @@ SYMBOLIC_EFFECTS: Mapping[E.Effect, SymEffect] = {
     E.remove_from_redundancy_list: s_remove_from_redundancy_list,
     E.mark_complete: s_mark_complete,
     E.mark_closed: s_mark_closed,
+    E.reopen: s_reopen,
     E.leave_ending_round: s_leave_ending_round,
     E.mark_complete_clearing_wait_list: s_mark_complete_clearing_wait_list,
     E.add_to_participants_clearing_wait_list: s_add_to_participants_clearing_wait_list,
@@ -857,8 +889,23 @@ def inv_open_round_below_max(w: World, s: SymState, st: SymSettings) -> Z:
     return w.z3.Implies(w.z3.Not(s.complete), s.n_participants < st.max_nodes)
 
 
-def step_closed_is_absorbing(w: World, b: SymState, a: SymState, st: SymSettings) -> Z:
-    return w.z3.Implies(b.closed, a.closed)
+def step_closed_reopens_empty(w: World, b: SymState, a: SymState, st: SymSettings) -> Z:
+    z3 = w.z3
+    nobody = w.forall(
+        lambda x: z3.Not(z3.Or(a.participants[x], a.waiting[x], a.redundant[x], a.beating[x]))
+    )
+    fresh = z3.And(
+        a.round > b.round,
+        z3.Not(a.complete),
+        z3.Not(a.has_deadline),
+        a.n_participants == 0,
+        nobody,
+    )
+    reopened = z3.And(b.closed, z3.Not(a.closed))
+    return z3.And(
+        z3.Implies(reopened, z3.And(fresh, a.epoch == b.epoch + 1)),
+        z3.Implies(z3.Not(reopened), a.epoch == b.epoch),
+    )
 
 
 def step_round_never_decreases(w: World, b: SymState, a: SymState, st: SymSettings) -> Z:
@@ -903,7 +950,7 @@ SYMBOLIC_STATE_INVARIANTS: Mapping[str, SymStateInv] = {
 """Each state invariant of spec/invariants.py, by name."""
 
 SYMBOLIC_STEP_INVARIANTS: Mapping[str, SymStepInv] = {
-    "closed_is_absorbing": step_closed_is_absorbing,
+    "closed_reopens_empty": step_closed_reopens_empty,
     "round_never_decreases": step_round_never_decreases,
     "completion_assigns_ranks": step_completion_assigns_ranks,
     "complete_membership_frozen": step_complete_membership_frozen,
@@ -1039,9 +1086,18 @@ class Prover:
             beat_age=w.fresh("beat_age", z3.IntSort()) if self._key_beats else None,
             watch_age=w.fresh("watch_age", z3.IntSort()) if self._key_beats else None,
             any_dead=w.fresh("any_dead", z3.BoolSort()) if self._key_beats else None,
+            job_offset=w.fresh("job_offset", z3.IntSort()),
         )
         if ctx.announce_size is not None and ctx.announce_age is not None:
             facts += [ctx.announce_size >= 0, ctx.announce_age >= 0]
+        if ctx.job_offset is not None:
+            # A newcomer's job is one epoch above the closed run it first saw, and the
+            # run is reopened one epoch at a time; a closed run is the only state of an
+            # earlier epoch than a node's job.
+            facts += [
+                ctx.job_offset >= -1,
+                z3.Implies(ctx.job_offset < 0, ctx.state.closed),
+            ]
         if w.finite:
             facts.append(z3.Or(*[ctx.node == c for c in w.consts]))
         return ctx, facts + state_facts(w, state)
@@ -1061,6 +1117,7 @@ class Prover:
                 **({} if ctx.announce_age is None else {"announce_age": ctx.announce_age}),
                 **({} if ctx.beat_age is None else {"beat_age": ctx.beat_age}),
                 **({} if ctx.watch_age is None else {"watch_age": ctx.watch_age}),
+                **({} if ctx.job_offset is None else {"job_offset": ctx.job_offset}),
             },
             atoms={a.value: sym_atom(w, a, ctx) for a in Atom},
         )
@@ -1238,6 +1295,7 @@ class Prover:
             wait_list=[ids[c] for c in w.consts if truth(s.waiting[c])],
             redundancy_list=[ids[c] for c in w.consts if truth(s.redundant[c])],
             last_heartbeats={ids[c]: num(s.beats[c]) for c in w.consts if truth(s.beating[c])},
+            epoch=num(s.epoch),
         )
         st = sym.settings
         settings = Settings(
@@ -1277,6 +1335,7 @@ class Prover:
                 watch_age=_age_or_none(num, sym.clocks.get("watch_age")),
                 # Which watched node is dead is not modelled, only that one is.
                 dead=(node,) if truth(sym.atoms.get(Atom.MONITORED_DEAD.value, False)) else (),
+                job_offset=(num(sym.clocks["job_offset"]) if "job_offset" in sym.clocks else 0),
             )
         return Concrete(state, settings, node, ctx, wall)
 

@@ -35,7 +35,7 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from rdzv import events
@@ -297,6 +297,17 @@ NARRATED_PRUNES = 1024
 once, however many of its reads still list the node); past it the memory starts over."""
 
 
+def _newcomer_at(local: Local) -> bool:
+    """Whether ``local`` is a node of a new job waiting at a run its previous job closed."""
+    return local.view.closed and local.job is not None and local.job > local.view.epoch
+
+
+def _reopening(local: Local) -> bool:
+    """Whether ``local`` holds the write by which a new job reopens a closed run."""
+    view = local.view
+    return local.dirty and view.epoch > 0 and view == RendezvousState(view.round, epoch=view.epoch)
+
+
 class Narrator:
     """Turns one node's machine steps into log lines on the ``rdzv.handler`` logger, one
     per real event (the JSON events of :mod:`rdzv.events` record every step, at DEBUG):
@@ -316,6 +327,7 @@ class Narrator:
         self._pruned: dict[NodeId, None] = {}
         """Nodes whose pruning was told (insertion-ordered, at most NARRATED_PRUNES)."""
         self._closed = False
+        self._closed_job = False
         self._unreachable = False
 
     def tell(self, driver: NodeDriver, before: Local, event: Event, result: Step) -> None:
@@ -335,7 +347,18 @@ class Narrator:
             self._pruned_nodes(driver, before, event, result)
         request = result.request
         local = result.local
-        if isinstance(request, Wait):
+        if isinstance(event, CasResult) and event.has_set and _reopening(before):
+            logger.info(
+                "node %s started a new job under run %r (epoch %d, round %d): the job before "
+                "it closed the run and nobody of it is listed any more",
+                local.node,
+                self.run_id,
+                before.view.epoch,
+                before.view.round,
+            )
+        if isinstance(request, Wait) and _newcomer_at(local):
+            self._waiting_for_closed_job(local)
+        elif isinstance(request, Wait):
             self._waiting(driver, local, event.now)
         elif isinstance(request, Fail) and request.kind in (
             FailKind.CLOSED,
@@ -361,6 +384,8 @@ class Narrator:
                 f"its keep-alive is retried every "
                 f"{to_seconds(driver.config.settings.keep_alive_interval):g} s"
             )
+        elif op is Op.QUERY:
+            then = "its queries answer from the last view for now"
         else:
             then = f"its {'operation' if op is None else op.value + ' operation'} fails"
         logger.warning(
@@ -436,6 +461,22 @@ class Narrator:
             settings.max_nodes,
             max(0.0, to_seconds(ends)),
         )
+
+    def _waiting_for_closed_job(self, local: Local) -> None:
+        view = local.view
+        listed = view.listed_nodes()
+        with self._lock:
+            told, self._closed_job = self._closed_job, True
+        if not told:
+            logger.info(
+                "node %s waits to start a new job under run %r: the job before it closed the "
+                "run and %d of its nodes are still listed (%s); they leave at shutdown, or are "
+                "pruned once their heartbeats expire",
+                local.node,
+                self.run_id,
+                len(listed),
+                ", ".join(map(str, listed)),
+            )
 
     def _closed_once(self, message: str, local: Local) -> None:
         with self._lock:
@@ -787,6 +828,8 @@ def _failure_error(
             f"the {fail.op.value} operation of node {node} could not use the store: "
             f"{message}; check that the store is running and reachable"
         )
+    elif kind is FailKind.CLOSED:
+        message = f"{message} (run {run_id!r}, state key {key!r})"
     elif kind is FailKind.TIMEOUT and fail.op is Op.JOIN:
         message = (
             f"{message}: no round with enough nodes completed in time; start more nodes, "
@@ -799,8 +842,108 @@ def _failure_error(
     return error
 
 
+OUTAGE_RETRY_INTERVAL = 1.0
+"""Seconds: while the store is unreachable, a query tries it again at most this often and
+answers from the last view in between (so torch's agent, which polls every 0.1 s, is not
+held up by the store's own retries on every poll)."""
+
+
+def _at(seconds: float) -> str:
+    """A wall-clock instant for a log line (UTC, to the millisecond)."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%H:%M:%S.%f")[:-3] + " UTC"
+
+
+class _Outage:
+    """When a handler's queries (``num_nodes_waiting()``, ``is_closed()``) answer from
+    their last view because the store cannot be reached, and for how long they may.
+
+    The bound is the longer of the heartbeat expiry (``keep_alive_interval`` x
+    ``keep_alive_max_attempt``) and the join timeout, counted from the first failed
+    query. While the store is away for everybody nobody can prune anybody, and the
+    first read after it returns starts every heartbeat sighting afresh (spec's machine
+    forgets them on a failed call), so the view stays true for the whole outage. Only an
+    outage of this node alone makes it stale: past the expiry its peers may have judged
+    it dead. It answers on up to the join timeout, the time a node waits to form a round
+    anyway, so an outage of at least the expiry is always survived; past the bound the
+    query raises as before the outage began. Used under the handler's control lock only
+    (its one caller)."""
+
+    def __init__(self, node: NodeId, run_id: str, bound: float) -> None:
+        self.node = node
+        self.run_id = run_id
+        self.bound = bound
+        self.since: float | None = None
+        """Monotonic seconds of the first failed query of the current outage."""
+        self.tried: float = 0.0
+        """Monotonic seconds of the latest attempt during the outage."""
+
+    def answer_from_view(self, mono: float) -> bool:
+        """Whether a query answers from the view without trying the store: during an
+        outage, within the bound, and less than OUTAGE_RETRY_INTERVAL after the last try."""
+        return (
+            self.since is not None
+            and mono - self.since <= self.bound
+            and mono - self.tried < OUTAGE_RETRY_INTERVAL
+        )
+
+    def reached(self, clock: Clock) -> None:
+        if self.since is not None:
+            logger.info(
+                "node %s reaches the store of run %r again after %.1f s; queries answer "
+                "from the store again",
+                self.node,
+                self.run_id,
+                clock.monotonic() - self.since,
+            )
+            self.since = None
+
+    def failed(
+        self, clock: Clock, error: RendezvousConnectionError, synced_at: Millis | None
+    ) -> None:
+        """A query failed on ``error``; its machine state's view was read or written at
+        the monotonic ``synced_at`` (None: it has none). Raises once past the bound."""
+        mono = clock.monotonic()
+        self.tried = mono
+        if self.since is None:
+            self.since = mono
+            then = (
+                "no view (this node never read the store)"
+                if synced_at is None
+                else f"the view of {_at(clock.time() - (mono - to_seconds(synced_at)))}"
+            )
+            logger.warning(
+                "node %s: store of run %r unreachable since %s, answering "
+                "num_nodes_waiting() and is_closed() from %s; retrying (for at most %g s, "
+                "the longer of the heartbeat expiry and the join timeout): %s",
+                self.node,
+                self.run_id,
+                _at(clock.time()),
+                then,
+                self.bound,
+                error,
+            )
+        if synced_at is None or mono - self.since > self.bound:
+            lasted = mono - self.since
+            raise RendezvousConnectionError(
+                f"{error} (the store has been unreachable for {lasted:.1f} s"
+                + (
+                    ", and this node never read it"
+                    if synced_at is None
+                    else f", longer than the {self.bound:g} s (the longer of the heartbeat "
+                    f"expiry and the join timeout) within which queries answer from the "
+                    f"last view: the job can no longer tell whether its membership changed"
+                )
+                + "; bring the store back, then restart the job if it does not recover)"
+            ) from error
+
+
 class _Heartbeat:
-    """The keep-alive timer: a daemon thread holding the handler only weakly."""
+    """The keep-alive timer: a daemon thread holding the handler only weakly.
+
+    A keep-alive that fails is tried again at the next interval: the thread never dies
+    of a store error, and ends only when told to stop (or when the handler is gone). An
+    unreachable store is logged once per run of failures (and the next success at INFO);
+    any other failure every time."""
 
     def __init__(
         self,
@@ -823,6 +966,7 @@ class _Heartbeat:
     def _loop(self) -> None:
         # Bounded by ``stopping``: set on shutdown, on the next rendezvous, and when the
         # handler is garbage-collected (then ``self._ref()`` is None as well).
+        failing = False
         while not self.stopping.is_set():
             if self._clock.sleep(self._interval, self.stopping):
                 return
@@ -831,10 +975,24 @@ class _Heartbeat:
                 return
             try:
                 handler._keep_alive(self.stopping)
+                if failing:
+                    logger.info("keep-alive of node %s succeeds again", handler.node)
+                failing = False
             except RendezvousError as exc:
-                logger.warning("keep-alive of node %s failed: %s", handler.node, exc)
+                # An unreachable store is told once per run of failures (the next success
+                # is logged); anything else (a corrupt state, say) every time.
+                outage = isinstance(exc, RendezvousConnectionError)
+                if not (failing and outage):
+                    logger.warning(
+                        "keep-alive of node %s failed: %s; retried every %g s",
+                        handler.node,
+                        exc,
+                        self._interval,
+                    )
+                failing = outage
             except Exception:
                 logger.exception("keep-alive of node %s crashed", handler.node)
+                failing = True
             finally:
                 del handler
 
@@ -1188,6 +1346,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """Closes ``_owned_store`` when the handler is garbage-collected, once a shutdown
         had to leave it open."""
         self._shutdown_result: bool | None = None
+        self._outage = _Outage(
+            self._node,
+            settings.run_id,
+            to_seconds(max(self._spec_settings.heartbeat_expiry, self._spec_settings.join_timeout)),
+        )
+        """Whether queries answer from the last view because the store is unreachable."""
         self._joined: tuple[int, NodeId | None] | None = None
         """The round the last ``next_rendezvous`` returned, and its rank 0."""
         """What the first complete ``shutdown`` returned; None before."""
@@ -1322,7 +1486,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return nodes_waiting(view, self._node, joined, self._variant)
 
     def shutdown(self) -> bool:
-        """Stop the heartbeats for good, close the rendezvous, and close the store the
+        """Stop the heartbeats for good, close the rendezvous, leave it (under a protocol
+        that reopens a closed run, ``hardened`` and ``scale``: so that the next job under
+        the run id finds nobody listed and starts at once), and close the store the
         handler opened itself (:func:`create_handler` with params only); False if closing
         the rendezvous failed.
 
@@ -1348,6 +1514,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     logger.warning(
                         "shutdown of node %s could not close the rendezvous: %s", self._node, exc
                     )
+                if closed and self._variant.reopens:
+                    self._leave_closed_run()
                 self._shutdown_result = closed
             else:
                 stopped = self._heartbeats.stop()  # a straggler of the first call, if any
@@ -1355,6 +1523,35 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 logger.warning("the keep-alive thread of node %s did not stop in time", self._node)
             self._release_store(stopped)
             return self._shutdown_result
+
+    def _leave_closed_run(self) -> None:
+        """Leave the closed run (its wait or redundancy list, or its round), as the exit
+        table says, so that the next job under the run id finds nobody listed and reopens
+        it at once instead of waiting for this node's heartbeat to expire. Bounded: a
+        ``next_rendezvous`` still running in another thread holds the main machine state
+        for at most the close timeout, then this node is left for expiry to remove."""
+        timeout = self._spec_settings.close_timeout / 1000
+        if not self._lock.acquire(timeout=timeout):
+            logger.warning(
+                "shutdown of node %s did not leave the closed run %r: a next_rendezvous in "
+                "another thread still runs; the next job under this run id reopens it once "
+                "this node's heartbeat has expired",
+                self._node,
+                self._settings.run_id,
+            )
+            return
+        try:
+            self._run(Op.EXIT, self._driver.deadline_after(self._spec_settings.close_timeout))
+        except RendezvousError as exc:
+            logger.warning(
+                "shutdown of node %s could not leave the closed run %r (%s); the next job "
+                "under this run id reopens it once this node's heartbeat has expired",
+                self._node,
+                self._settings.run_id,
+                exc,
+            )
+        finally:
+            self._lock.release()
 
     # -- extras ------------------------------------------------------------------------------
     @property
@@ -1411,10 +1608,24 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     def _control_op(self, op: Op) -> RendezvousState:
         """Run a query or a close on the control machine (never waits for a join) and
-        return its view."""
+        return its view.
+
+        A query that cannot reach the store answers from the last view instead, for at
+        most the longer of the heartbeat expiry and the join timeout after the first
+        failure (:class:`_Outage`); a close must write, so it fails at once."""
         with self._control_lock:
             driver = self._control
-            self._run(op, driver.deadline_after(self._spec_settings.close_timeout), driver)
+            outage = self._outage
+            if op is Op.QUERY and outage.answer_from_view(self._clock.monotonic()):
+                return driver.local.view  # tried less than OUTAGE_RETRY_INTERVAL ago
+            try:
+                self._run(op, driver.deadline_after(self._spec_settings.close_timeout), driver)
+            except RendezvousConnectionError as exc:
+                if op is not Op.QUERY or isinstance(exc, RendezvousStateError):
+                    raise
+                outage.failed(self._clock, exc, driver.local.synced_at)  # raises past the bound
+                return driver.local.view
+            outage.reached(self._clock)
             return driver.local.view
 
     def _state_key(self) -> str:

@@ -10,6 +10,9 @@ Format (version 2): one JSON object, UTF-8, keys sorted, no whitespace::
      "round":3,"v":2,
      "wait_list":[["host",pid,local_id],...]}
 
+plus ``"epoch":N`` (an integer >= 1) in a run that a new job reopened after the job
+before it closed the run (``epoch`` 0 is not written).
+
 Lists are sorted by node, so the same state always encodes to the same bytes.
 
 ``protocol`` names the protocol variant (:mod:`spec.variants`) of the node that wrote the
@@ -71,6 +74,9 @@ _KEYS = frozenset(
     }
 )
 _KEYS_V1 = _KEYS - {"protocol"}
+_OPTIONAL_KEYS = frozenset({"epoch"})
+"""Keys of version 2 written only when they are not 0 (``epoch``: which job under the run
+id; only a run a new job reopened has one), so states of the first job encode as before."""
 
 
 class CorruptState(ValueError):
@@ -138,6 +144,8 @@ def encode(state: RendezvousState, protocol: str) -> bytes:
         "redundancy_list": [_node_fields(n) for n in state.redundancy_list],
         "heartbeats": [[*_node_fields(n), t] for n, t in state.last_heartbeats],
     }
+    if state.epoch:
+        doc["epoch"] = state.epoch
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
@@ -358,6 +366,8 @@ def _decode(data: bytes) -> tuple[RendezvousState, str | None]:
         )
     expected = _KEYS if version == VERSION else _KEYS_V1
     keys = set(doc)
+    if version == VERSION:
+        keys -= _OPTIONAL_KEYS
     if keys != expected:
         missing = sorted(expected - keys)
         unknown = sorted(keys - expected)
@@ -390,5 +400,6 @@ def _decode(data: bytes) -> tuple[RendezvousState, str | None]:
         wait_list=node_list("wait_list"),
         redundancy_list=node_list("redundancy_list"),
         last_heartbeats=node_map("heartbeats", "time", MIN_INT),
+        epoch=_int(doc["epoch"], "epoch", 1) if "epoch" in doc else 0,
     )
     return state, protocol

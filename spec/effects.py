@@ -203,6 +203,18 @@ def mark_closed(
     return state.evolve(closed=True)
 
 
+def reopen(
+    state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
+) -> RendezvousState:
+    """A new job starts under the run id of a closed one that nobody is listed in any
+    more (every node of it left at shutdown or was pruned as dead): the next round
+    opens, empty and not closed, in the next epoch (a node of the closed job, whatever
+    it was doing, never joins it: its epoch is the old one). The round number goes on
+    from the closed job's, so the keys a round uses (the bootstrap prefix, the
+    announcement set) are new."""
+    return RendezvousState(round=state.round + 1, epoch=state.epoch + 1)
+
+
 UPSTREAM_EFFECTS: Mapping[Action, Effect] = MappingProxyType(
     {
         Action.KEEP_ALIVE: keep_alive,
@@ -214,6 +226,7 @@ UPSTREAM_EFFECTS: Mapping[Action, Effect] = MappingProxyType(
         Action.REMOVE_FROM_REDUNDANCY_LIST: remove_from_redundancy_list,
         Action.MARK_RENDEZVOUS_COMPLETE: mark_complete,
         Action.MARK_RENDEZVOUS_CLOSED: mark_closed,
+        Action.REOPEN: reopen,
     }
 )
 """The effect of every mutating action in the reference protocol."""

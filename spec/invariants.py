@@ -116,9 +116,16 @@ STATE_INVARIANTS: tuple[StateInvariant, ...] = (
 )
 
 
-def _closed_is_absorbing(b: RendezvousState, a: RendezvousState, _: Settings) -> str | None:
+def _closed_reopens_empty(b: RendezvousState, a: RendezvousState, _: Settings) -> str | None:
+    if a.epoch != b.epoch and not (b.closed and not a.closed):
+        return f"the epoch changed from {b.epoch} to {a.epoch} without a reopen"
     if b.closed and not a.closed:
-        return "a closed rendezvous was reopened"
+        fresh = RendezvousState(round=a.round, epoch=b.epoch + 1)
+        if a.round <= b.round or a != fresh:
+            return (
+                "a closed rendezvous was reopened other than as the next round, empty "
+                f"(round {b.round} closed, then {a.describe()})"
+            )
     return None
 
 
@@ -161,7 +168,9 @@ def _complete_membership_frozen(b: RendezvousState, a: RendezvousState, _: Setti
 
 STEP_INVARIANTS: tuple[StepInvariant, ...] = (
     StepInvariant(
-        "closed_is_absorbing", "once closed, the rendezvous stays closed", _closed_is_absorbing
+        "closed_reopens_empty",
+        "once closed, the rendezvous stays closed, or a new job reopens it as a later round, empty",
+        _closed_reopens_empty,
     ),
     StepInvariant(
         "round_never_decreases", "the round number never goes down", _round_never_decreases

@@ -74,6 +74,9 @@ class Known:
     view: RendezvousState
     token: Token | None
     synced_at: Millis
+    job: int | None = None
+    """The other machine state's :attr:`Local.job`: a node belongs to one job, fixed by
+    the first state either of its machine states saw."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,10 @@ class WokeUp:
 @dataclass(frozen=True)
 class IoFailed:
     """The pending read, write or wait could not be carried out (store unreachable, or a
-    write whose outcome is unknown). The operation fails; the local view is kept."""
+    write whose outcome is unknown). The operation fails; the local view is kept. Under
+    the local liveness clock the heartbeat sightings (``seen_beats``, ``watch``) are
+    forgotten: while this node cannot reach the store, neither may its peers, so their
+    silence is no evidence; the next read starts every age afresh."""
 
     reason: str
     now: Now
@@ -348,6 +354,10 @@ class Local:
     watch: tuple[tuple[NodeId, bytes | None, Millis], ...] = ()
     """Heartbeats under keys: (watched node, heartbeat value, monotonic time this node
     first saw that value), in the order of :func:`watched`."""
+    job: int | None = None
+    """The epoch of the job this node belongs to (``RendezvousState.epoch``), fixed by
+    the first state it sees (:func:`job_after`); None before that, and always under a
+    variant that never reopens a closed run (:attr:`Variant.reopens`)."""
 
     def __hash__(self) -> int:
         # A Local never changes, so its hash is computed once (the model checker hashes
@@ -431,8 +441,16 @@ def step(local: Local, event: Event, config: Config) -> Step:
         if event.sightings is not None:
             started = evolve(started, seen_beats=event.sightings)
         known = event.known
+        if known is not None and started.job is None and known.job is not None:
+            started = evolve(started, job=known.job)
         if known is not None and not local.dirty and newer(known.view, local.view):
-            started = evolve(started, view=known.view, token=known.token, synced_at=known.synced_at)
+            started = evolve(
+                started,
+                view=known.view,
+                token=known.token,
+                synced_at=known.synced_at,
+                job=_job(started, known.view, config),
+            )
         return _sync(started, event.now, config)
     if isinstance(event, ReadResult):
         if local.phase is not Phase.READING:
@@ -475,7 +493,12 @@ def step(local: Local, event: Event, config: Config) -> Step:
     if isinstance(event, IoFailed):
         if local.phase is Phase.IDLE:
             raise InvalidTransition(local, event)
-        return _fail(evolve(local, folding=None), FailKind.CONNECTION, event.reason)
+        failed = evolve(local, folding=None)
+        if config.variant.liveness_clock == LOCAL and (local.seen_beats or local.watch):
+            # Silence while the store is away never counts: nobody could write a
+            # heartbeat, so the next read starts every sighting's age afresh (issue 26).
+            failed = evolve(failed, seen_beats=(), watch=())
+        return _fail(failed, FailKind.CONNECTION, event.reason)
     raise InvalidTransition(local, event)
 
 
@@ -499,18 +522,33 @@ def known_of(local: Local) -> Known | None:
     (dirty) or it has never read one."""
     if local.dirty or local.synced_at is None:
         return None
-    return Known(local.view, local.token, local.synced_at)
+    return Known(local.view, local.token, local.synced_at, local.job)
+
+
+def job_after(job: int | None, view: RendezvousState) -> int:
+    """The epoch of the job a node belongs to (:attr:`Local.job`) once it has seen
+    ``view``: fixed by the first state it sees. A node whose first state is open belongs
+    to that state's job; one whose first state is closed is a newcomer, of the next job
+    under the run id (which reopens the run, one epoch up, once nobody is listed in it).
+    A node never changes job: a state of a later epoch means its own job was closed and
+    a new one took the run id (it fails closed); one of an earlier epoch is the closed
+    run its own job has not reopened yet."""
+    if job is not None:
+        return job
+    return view.epoch + 1 if view.closed else view.epoch
 
 
 def newer(a: RendezvousState, b: RendezvousState) -> bool:
     """Whether state ``a`` certainly comes after state ``b`` in the store's history.
 
-    The protocol moves every state forward in one order: a close is never undone, the
-    round never goes back, and a round, once complete, only ever opens again as the next
-    round. So a closed state comes after every open one, a higher round after a lower
-    one, and a complete round after the same round open. States that tie on (closed,
-    round, complete) are not ordered: then neither is newer."""
-    return (a.closed, a.round, a.complete) > (b.closed, b.round, b.complete)
+    The protocol moves every state forward in one order: the round never goes back, a
+    round, once complete, only ever opens again as the next round, and a closed round
+    never changes its number (a new job reopens the run as a later round). So a higher
+    round comes after a lower one, a closed round after the same round open, and a
+    complete round after the same round open; a later epoch (a new job reopened the
+    run) after an earlier one. States that tie on (epoch, round, closed, complete) are
+    not ordered: then neither is newer."""
+    return (a.epoch, a.round, a.closed, a.complete) > (b.epoch, b.round, b.closed, b.complete)
 
 
 def next_beat(local: Local, config: Config) -> int:
@@ -527,6 +565,10 @@ def watched(view: RendezvousState, node: NodeId) -> tuple[NodeId, ...]:
     the round it waits for has lost its first participant (its own prune then ends that
     round), and each node reads one key per interval except the first, which reads one
     per other listed node: the traffic per interval is linear in the number of nodes."""
+    if view.closed and not view.is_listed(node):
+        # A newcomer at a closed run waits until nobody is listed: it watches everybody
+        # still listed, and prunes the dead (its join table decides when).
+        return view.listed_nodes()
     if not view.complete:
         return ()
     members = view.participant_nodes()
@@ -580,6 +622,10 @@ def _fold(local: Local, event: AnnouncedMembers, config: Config) -> Step:
         return replace(_sync(fresh, event.now, config), action=action)
     changed = evolve(local, view=view, dirty=True, folding=None)
     return replace(_sync(changed, event.now, config), action=action)
+
+
+def _job(local: Local, view: RendezvousState, config: Config) -> int | None:
+    return job_after(local.job, view) if config.variant.reopens else local.job
 
 
 def _op(local: Local) -> Op:
@@ -636,6 +682,7 @@ def _absorb(
         synced_at=now.mono,
         seen_beats=beats,
         seen_last_call=last_call,
+        job=_job(local, cleaned.state, config),
     )
     decided = _decide(fresh, now, config)
     return replace(decided, pruned=cleaned.dead) if cleaned.dead else decided
@@ -700,6 +747,7 @@ def context(local: Local, now: Now, config: Config) -> Context:
         announce_age=announce_age,
         beat_age=beat_age,
         watch_age=watch_age,
+        job_offset=0 if local.job is None else local.view.epoch - local.job,
         dead=dead,
     )
 
@@ -759,6 +807,22 @@ def _fail(local: Local, kind: FailKind, message: str) -> Step:
 
 
 def _failure_message(op: Op, kind: FailKind, local: Local) -> str:
+    if kind is FailKind.CLOSED and local.job is not None and local.job > local.view.epoch:
+        view = local.view
+        still = view.listed_nodes()
+        return (
+            f"the rendezvous was closed by an earlier job under this run id (round "
+            f"{view.round}) and {len(still)} of its nodes are still listed "
+            f"({', '.join(map(str, still))}): a new job reopens it once they have left "
+            "(at shutdown) or their heartbeats have expired; wait for that job to end, "
+            "or use another run id"
+        )
+    if kind is FailKind.CLOSED and local.job is not None and local.job < local.view.epoch:
+        return (
+            f"the rendezvous this node's job used was closed, and a new job under the same "
+            f"run id has reopened it since (round {local.view.round}); this node does not "
+            "belong to that job: start it again with the new job"
+        )
     if kind is FailKind.CLOSED:
         return f"the rendezvous is closed (round {local.view.round}); no new rounds can start"
     if kind is FailKind.GRACEFUL_EXIT:

@@ -119,6 +119,9 @@ class RendezvousState:
     wait_list: tuple[NodeId, ...] = ()
     redundancy_list: tuple[NodeId, ...] = ()
     last_heartbeats: tuple[tuple[NodeId, Millis], ...] = ()
+    epoch: int = 0
+    """Which job under the run id this state belongs to: 0 for the first, one more each
+    time a new job reopens the run after the previous one closed it."""
     _participant_map: dict[NodeId, int] = field(
         default_factory=dict, init=False, repr=False, compare=False, hash=False
     )
@@ -146,6 +149,7 @@ class RendezvousState:
                     self.wait_list,
                     self.redundancy_list,
                     self.last_heartbeats,
+                    self.epoch,
                 )
             )
             object.__setattr__(self, "_hash", cached)
@@ -163,6 +167,7 @@ class RendezvousState:
         wait_list: Iterable[NodeId] = (),
         redundancy_list: Iterable[NodeId] = (),
         last_heartbeats: Mapping[NodeId, Millis] | None = None,
+        epoch: int = 0,
     ) -> RendezvousState:
         """Construct a state from plain mappings and iterables, canonically ordered."""
         return cls(
@@ -174,6 +179,7 @@ class RendezvousState:
             wait_list=_sorted_unique(wait_list),
             redundancy_list=_sorted_unique(redundancy_list),
             last_heartbeats=_sorted_pairs(last_heartbeats or {}),
+            epoch=epoch,
         )
 
     def evolve(
@@ -187,6 +193,7 @@ class RendezvousState:
         wait_list: Iterable[NodeId] | None = None,
         redundancy_list: Iterable[NodeId] | None = None,
         last_heartbeats: Mapping[NodeId, Millis] | None = None,
+        epoch: int | None = None,
     ) -> RendezvousState:
         """A copy with some fields replaced (``deadline=KEEP`` leaves it as it is)."""
         return RendezvousState(
@@ -204,6 +211,7 @@ class RendezvousState:
             last_heartbeats=(
                 self.last_heartbeats if last_heartbeats is None else _sorted_pairs(last_heartbeats)
             ),
+            epoch=self.epoch if epoch is None else epoch,
         )
 
     # -- lookups -------------------------------------------------------------------
@@ -234,6 +242,10 @@ class RendezvousState:
         """Whether ``node`` is a participant, on the wait list or on the redundancy list."""
         return self.is_participant(node) or self.is_waiting(node) or self.is_redundant(node)
 
+    def listed_nodes(self) -> tuple[NodeId, ...]:
+        """Every listed node (participants, wait list, redundancy list), sorted."""
+        return tuple(sorted({*self._participant_map, *self.wait_list, *self.redundancy_list}))
+
     @property
     def num_participants(self) -> int:
         return len(self.participants)
@@ -248,7 +260,11 @@ class RendezvousState:
         waits = ", ".join(str(n) for n in self.wait_list)
         reds = ", ".join(str(n) for n in self.redundancy_list)
         beats = ", ".join(f"{n}@{t}" for n, t in self.last_heartbeats)
-        flags = [f"round={self.round}"]
+        flags = (
+            [f"round={self.round}"]
+            if not self.epoch
+            else [f"epoch={self.epoch}", f"round={self.round}"]
+        )
         if self.complete:
             flags.append("complete")
         if self.closed:

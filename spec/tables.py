@@ -58,6 +58,11 @@ class Context:
     watch_age: Millis | None = None
     """Heartbeat keys only: monotonic time since this node last read the heartbeat keys
     of the nodes it monitors (None: never)."""
+    job_offset: int = 0
+    """The state's epoch minus the epoch of the job this node belongs to
+    (``spec.machine.Local.job``): below 0, the state is the closed run of an earlier job
+    (this node is a newcomer); above 0, a later job has reopened the run (this node's
+    own job was closed); 0 otherwise, and whenever the variant does not track jobs."""
     dead: tuple[NodeId, ...] = ()
     """Heartbeat keys only: monitored nodes, still listed in the state, whose heartbeat
     this node has watched stand still for longer than the expiry."""
@@ -84,6 +89,9 @@ class Atom(enum.Enum):
     BEAT_DUE = "beat_due"
     WATCH_DUE = "watch_due"
     MONITORED_DEAD = "monitored_dead"
+    NEWCOMER = "newcomer"
+    LATER_JOB = "later_job"
+    VACANT = "vacant"
 
     def __invert__(self) -> Literal:
         return Literal(self, False)
@@ -136,7 +144,10 @@ def _beat_due(ctx: Context) -> bool:
 
 
 def _watch_due(ctx: Context) -> bool:
-    if not (ctx.state.complete and ctx.state.is_listed(ctx.node)):
+    listed = ctx.state.is_listed(ctx.node)
+    member = ctx.state.complete and listed
+    # A newcomer at a closed run watches whoever is still listed in it (machine.watched).
+    if not (member or (ctx.state.closed and ctx.job_offset < 0 and not listed)):
         return False
     return ctx.watch_age is None or ctx.watch_age >= ctx.settings.keep_alive_interval
 
@@ -162,6 +173,11 @@ ATOM_PREDICATES: dict[Atom, Callable[[Context], bool]] = {
     Atom.BEAT_DUE: _beat_due,
     Atom.WATCH_DUE: _watch_due,
     Atom.MONITORED_DEAD: lambda c: bool(c.dead),
+    Atom.NEWCOMER: lambda c: c.job_offset < 0,
+    Atom.LATER_JOB: lambda c: c.job_offset > 0,
+    Atom.VACANT: lambda c: (
+        not (c.state.participants or c.state.wait_list or c.state.redundancy_list)
+    ),
 }
 
 ATOM_DOCS: dict[Atom, str] = {
@@ -197,13 +213,23 @@ ATOM_DOCS: dict[Atom, str] = {
         "this node is listed and has not written its heartbeat key for keep_alive_interval"
     ),
     Atom.WATCH_DUE: (
-        "this node is listed in a complete round (a participant, waiting or redundant) "
-        "and has not read the heartbeat keys it monitors for keep_alive_interval"
+        "this node is listed in a complete round (a participant, waiting or redundant), "
+        "or is a newcomer at a closed run it is not listed in, and has not read the "
+        "heartbeat keys it monitors for keep_alive_interval"
     ),
     Atom.MONITORED_DEAD: (
         "a node this node monitors, still listed, has shown the same heartbeat for longer "
         "than the expiry (on this node's monotonic clock)"
     ),
+    Atom.NEWCOMER: (
+        "the state is the closed run of an earlier job than this node's (the first state "
+        "this node saw was closed: it belongs to the next job under the run id)"
+    ),
+    Atom.LATER_JOB: (
+        "the state belongs to a later job than this node's: its own job closed the run "
+        "and a new job has reopened it since"
+    ),
+    Atom.VACANT: "nobody is listed: no participant, no node waiting or standing by",
 }
 
 

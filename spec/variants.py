@@ -183,6 +183,13 @@ class Variant:
             for lit in r.when
         )
 
+    @cached_property
+    def reopens(self) -> bool:
+        """True when a new job may reopen a closed run (some row reopens it): nodes then
+        track their standing towards their job (``spec.machine.Local.job``) and leave
+        the run at shutdown."""
+        return any(r.then is Action.REOPEN for table in self.tables.values() for r in table.rows)
+
     def sanitize_by_wall(
         self, state: RendezvousState, settings: Settings, wall_now: Millis
     ) -> Sanitized:
@@ -353,9 +360,31 @@ HARDENED = UPSTREAM.derive(
         "longer holds it counts itself as waiting; a participant whose join "
         "deadline passes while min_nodes is reached completes the round instead of "
         "abandoning it, and liveness and the last call are measured on each node's own "
-        "monotonic clock."
+        "monotonic clock. A node leaves a closed run at shutdown, and a new job under the "
+        "same run id reopens it (one epoch up) once nobody of the closed job is listed."
     ),
     insert={
+        (Op.JOIN, 0): (
+            row(
+                Atom.LATER_JOB,
+                then=Action.ERROR_CLOSED,
+                why="this node's job was closed, and a new job has reopened the run since",
+            ),
+            row(
+                Atom.CLOSED,
+                Atom.NEWCOMER,
+                Atom.VACANT,
+                then=Action.REOPEN,
+                why="the job that closed this run id has ended: start a new one",
+            ),
+            row(
+                Atom.CLOSED,
+                Atom.NEWCOMER,
+                ~Atom.PAST_DEADLINE,
+                then=Action.SYNC,
+                why="a new job: wait until the closed job's nodes have left or died",
+            ),
+        ),
         (Op.JOIN, _FIRST_ROLLBACK_ROW): row(
             Atom.PAST_DEADLINE,
             ~Atom.COMPLETE,
@@ -363,7 +392,23 @@ HARDENED = UPSTREAM.derive(
             Atom.SIZE_IN_RANGE,
             then=Action.MARK_RENDEZVOUS_COMPLETE,
             why="min reached: complete now rather than abandon a viable round",
-        )
+        ),
+        (Op.EXIT, 0): (
+            row(
+                Atom.CLOSED,
+                Atom.WAITING,
+                ~Atom.PAST_DEADLINE,
+                then=Action.REMOVE_FROM_WAIT_LIST,
+                why="the run is closed: leave it, so that a new job can reopen it",
+            ),
+            row(
+                Atom.CLOSED,
+                Atom.REDUNDANT,
+                ~Atom.PAST_DEADLINE,
+                then=Action.REMOVE_FROM_REDUNDANCY_LIST,
+                why="the run is closed: leave it, so that a new job can reopen it",
+            ),
+        ),
     },
     effects=HARDENED_EFFECTS,
     counts_dropped_member=True,
@@ -371,20 +416,27 @@ HARDENED = UPSTREAM.derive(
     liveness_clock=LOCAL,
 )
 
+# Hardened's first two join rows let a new job reopen a closed run id; the scale variant
+# inserts its watch rows for a newcomer before the second.
+_NEWCOMER_SYNC_ROW = 2
+assert HARDENED.tables[Op.JOIN].rows[_NEWCOMER_SYNC_ROW].then is Action.SYNC
+_REUSE = 3
+"""How many rows before upstream's first join row hardened inserts (a closed run's reuse)."""
+
 # The hardened join rows the scale variant replaces: completing after the last call, and
 # joining an open round.
-_LAST_CALL_ROW = 12
-_JOIN_OPEN_ROW = 13
+_LAST_CALL_ROW = 12 + _REUSE
+_JOIN_OPEN_ROW = 13 + _REUSE
 assert HARDENED.tables[Op.JOIN].rows[_LAST_CALL_ROW].then is Action.MARK_RENDEZVOUS_COMPLETE
 assert HARDENED.tables[Op.JOIN].rows[_JOIN_OPEN_ROW].then is Action.ADD_TO_PARTICIPANTS
 
-_GIVE_UP_ROW = 9
+_GIVE_UP_ROW = 9 + _REUSE
 assert HARDENED.tables[Op.JOIN].rows[_GIVE_UP_ROW].then is Action.ERROR_TIMEOUT
 
-_STAND_BY_BEAT_ROW = 2
-_STAND_BY_SYNC_ROW = 3
-_WAITING_BEAT_ROW = 14
-_WAITING_SYNC_ROW = 15
+_STAND_BY_BEAT_ROW = 2 + _REUSE
+_STAND_BY_SYNC_ROW = 3 + _REUSE
+_WAITING_BEAT_ROW = 14 + _REUSE
+_WAITING_SYNC_ROW = 15 + _REUSE
 assert HARDENED.tables[Op.JOIN].rows[_STAND_BY_BEAT_ROW].then is Action.KEEP_ALIVE
 assert HARDENED.tables[Op.JOIN].rows[_STAND_BY_SYNC_ROW].then is Action.SYNC
 assert HARDENED.tables[Op.JOIN].rows[_WAITING_BEAT_ROW].then is Action.KEEP_ALIVE
@@ -445,6 +497,24 @@ SCALE = HARDENED.derive(
         ),
     },
     insert={
+        (Op.JOIN, _NEWCOMER_SYNC_ROW): (
+            row(
+                Atom.CLOSED,
+                Atom.NEWCOMER,
+                ~Atom.PAST_DEADLINE,
+                Atom.WATCH_DUE,
+                then=Action.WATCH,
+                why="a new job: read the heartbeats of the closed job's nodes still listed",
+            ),
+            row(
+                Atom.CLOSED,
+                Atom.NEWCOMER,
+                ~Atom.PAST_DEADLINE,
+                Atom.MONITORED_DEAD,
+                then=Action.PRUNE_DEAD,
+                why="a node of the closed job is dead: prune it",
+            ),
+        ),
         (Op.JOIN, _STAND_BY_SYNC_ROW): (
             row(
                 Atom.REDUNDANT,

@@ -32,6 +32,9 @@ class Action(enum.Enum):
     REMOVE_FROM_REDUNDANCY_LIST = "remove_from_redundancy_list"
     MARK_RENDEZVOUS_COMPLETE = "mark_rendezvous_complete"
     MARK_RENDEZVOUS_CLOSED = "mark_rendezvous_closed"
+    REOPEN = "reopen"
+    """Start a new job under the run id of a closed one that nobody is listed in any
+    more: the next round opens, empty and not closed."""
     ANNOUNCE = "announce"
     """Add this node to the round's announcement set (a store-side set, no
     compare-and-set): a later fold admits it. Writes no state."""

@@ -186,6 +186,9 @@ def test_shutdown_during_a_join_returns_at_once_and_leaves_no_heartbeat() -> Non
     with shut_down(a, b):
         join = Call(a.next_rendezvous, "a-join")
         joined(store, a.node)
+        # b sees the open run, so it belongs to this job (a node whose first read finds
+        # the run closed would start the next job under the same run id instead).
+        assert b.num_nodes_waiting() == 0
         assert a.shutdown() is True
         # shutdown did not wait for the join; the join saw the close.
         error = join.result()

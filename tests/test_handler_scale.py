@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -39,7 +40,14 @@ JOIN_S = 60.0
 """Bound on how long the test waits for one node thread."""
 
 
-def _rendezvous(url: str, n: int, **config: str) -> tuple[list[RendezvousInfo], list[IoStats]]:
+def _rendezvous(
+    url: str,
+    n: int,
+    before_shutdown: Callable[[list[RendezvousInfo]], None] | None = None,
+    **config: str,
+) -> tuple[list[RendezvousInfo], list[IoStats]]:
+    """``n`` nodes of one round; ``before_shutdown`` looks at their answers while the
+    round still stands (shutdown() closes the run and leaves it)."""
     run = "scale-" + uuid.uuid4().hex[:8]
     params = [
         RendezvousParameters("rdzv", url, run, n, n, protocol="scale", join_timeout="60", **config)
@@ -66,6 +74,8 @@ def _rendezvous(url: str, n: int, **config: str) -> tuple[list[RendezvousInfo], 
         assert not any(t.is_alive() for t in threads), "a node hung"
         assert not errors, errors[:3]
         stats = [h.io_stats() for h in handlers]
+        if before_shutdown is not None:
+            before_shutdown([r for r in results if r is not None])
     finally:
         for h in handlers:
             h.shutdown()
@@ -111,9 +121,13 @@ def test_etcd_rendezvous(etcd_server: EtcdServer) -> None:
 
 def test_the_state_records_every_member_with_its_rank() -> None:
     url = f"memory://{uuid.uuid4().hex}"
-    infos, _ = _rendezvous(url, 6)
-    with opened_store(url) as store:
-        _check_the_members(store, infos)
+
+    def look(infos: list[RendezvousInfo]) -> None:
+        assert len(infos) == 6
+        with opened_store(url) as store:
+            _check_the_members(store, infos)
+
+    _rendezvous(url, 6, look)
 
 
 def _check_the_members(store: Store, infos: list[RendezvousInfo]) -> None:
@@ -278,11 +292,12 @@ def test_a_node_past_its_join_deadline_takes_its_announcement_back(
                 t.start()
             for t in threads:
                 t.join(JOIN_S)
+            # the round as it stands (shutdown() closes the run and leaves it)
+            state = decode(store.get(f"rdzv/{run}/state"))
         finally:
             for h in late:
                 h.shutdown()
         assert len(infos) == 2 and {i.world_size for i in infos} == {2}
-        state = decode(store.get(f"rdzv/{run}/state"))
         assert state.complete and gone.node not in state.participant_nodes()
         assert set(state.participant_nodes()) == {h.node for h in late}
 

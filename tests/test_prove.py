@@ -491,7 +491,7 @@ PLANTED: list[tuple[Action, E.Effect, P.SymEffect, str]] = [
     (Action.MARK_RENDEZVOUS_COMPLETE, complete_in_reverse, s_complete_in_reverse,
      "join row 11 (mark_rendezvous_complete) keeps complete_ranks_distinct"),
     (Action.REMOVE_FROM_PARTICIPANTS, leave_reopens, s_leave_reopens,
-     "exit row 1 (remove_from_participants) respects closed_is_absorbing"),
+     "exit row 1 (remove_from_participants) respects closed_reopens_empty"),
 ]  # fmt: skip
 
 

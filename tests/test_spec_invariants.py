@@ -126,7 +126,7 @@ OPEN3 = RendezvousState.build(
 )
 STEP_VIOLATIONS = [
     pytest.param(
-        "closed_is_absorbing",
+        "closed_reopens_empty",
         VALID.evolve(closed=True),
         VALID,
         "a closed rendezvous was reopened",
@@ -224,7 +224,7 @@ def test_a_member_may_leave_a_complete_round() -> None:
 def test_check_step_includes_state_invariants_of_the_after_state() -> None:
     bad = VALID.evolve(closed=False, wait_list=[A, C])
     names = [n for n, _ in check_step(VALID.evolve(closed=True), bad, S)]
-    assert names == ["closed_is_absorbing", "lists_disjoint"]
+    assert names == ["closed_reopens_empty", "lists_disjoint"]
 
 
 # -- the protocol keeps its invariants --------------------------------------------------------

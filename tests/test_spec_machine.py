@@ -274,9 +274,20 @@ def test_a_query_counts_the_round_the_join_just_completed() -> None:
         (RendezvousState.build(round=3), RendezvousState.build(round=2), False),
         (RendezvousState.build(round=3), RendezvousState.build(round=3, complete=True), True),
         (RendezvousState.build(round=3, complete=True), RendezvousState.build(round=3), False),
-        (RendezvousState.build(round=9), RendezvousState.build(round=1, closed=True), True),
-        (RendezvousState.build(round=1, closed=True), RendezvousState.build(round=9), False),
-        # a tie on (closed, round, complete): the states are not ordered, keep our own
+        (RendezvousState.build(round=4), RendezvousState.build(round=4, closed=True), True),
+        (RendezvousState.build(round=4, closed=True), RendezvousState.build(round=4), False),
+        # a closed round goes on only as a later round of the next job (epoch)
+        (
+            RendezvousState.build(round=4, closed=True),
+            RendezvousState.build(round=5, epoch=1),
+            True,
+        ),
+        (
+            RendezvousState.build(round=5, epoch=1),
+            RendezvousState.build(round=4, closed=True),
+            False,
+        ),
+        # a tie on (epoch, round, closed, complete): not ordered, keep our own
         (RendezvousState.build(round=3), RendezvousState.build(round=3, wait_list=[A]), False),
     ],
 )
@@ -860,3 +871,44 @@ def test_evolve_is_dataclasses_replace() -> None:
     assert local.token == 7 and not local.dirty
     with pytest.raises(AssertionError):
         evolve(local, no_such_field=1)
+
+
+# -- a store outage (issue 26): silence while the store is away never counts -------------
+def _after_outage(config: Config, fail_during_outage: bool) -> Step:
+    """ME sees A's heartbeat, then the store is away for longer than the expiry (nobody
+    can beat), with or without one failed read of ME's during it; then ME reads again."""
+    s = query(config, Local(ME), SKEWED, MONO, WALL)
+    local = s.local
+    if fail_during_outage:
+        f = step(local, StartOp(Op.QUERY, MONO + JOIN, at(INTERVAL)), config)
+        assert isinstance(f.request, Read)
+        f = step(f.local, IoFailed("store unreachable", at(INTERVAL)), config)
+        assert isinstance(f.request, Fail) and f.request.kind is FailKind.CONNECTION
+        local = f.local
+    back = EXPIRY + INTERVAL  # the store answers again, holding the values of before
+    return query(config, local, SKEWED, MONO + back, WALL + back)
+
+
+def test_an_outage_longer_than_the_expiry_would_prune_live_peers_without_a_failure() -> None:
+    # What a node that never noticed the outage judges (the rule needs a failed call).
+    assert set(_after_outage(HARD, fail_during_outage=False).pruned) == {A, ME}
+
+
+def test_a_failed_call_restarts_the_sightings_so_an_outage_prunes_nobody() -> None:
+    s = _after_outage(HARD, fail_during_outage=True)
+    assert s.pruned == ()
+    assert s.local.view == SKEWED
+    assert {seen for _, _, seen in s.local.seen_beats} == {MONO + EXPIRY + INTERVAL}
+    # Ages run again from that read: still silent a whole expiry later, they are pruned.
+    later = query(HARD, s.local, SKEWED, MONO + 2 * EXPIRY + INTERVAL + 1, WALL)
+    assert set(later.pruned) == {A, ME}
+
+
+def test_a_failed_call_forgets_sightings_and_watch_records_only_under_the_local_clock() -> None:
+    sightings = ((A, WALL, MONO),)
+    watch = ((A, b"3", MONO),)
+    for config, kept in ((HARD, False), (Config(UNCACHED, SCALE), False), (WALL_CLOCK, True)):
+        local = evolve(Local(ME), seen_beats=sightings, watch=watch)
+        s = step(local, StartOp(Op.QUERY, MONO + JOIN, at()), config)
+        s = step(s.local, IoFailed("store unreachable", at()), config)
+        assert (s.local.seen_beats, s.local.watch) == ((sightings, watch) if kept else ((), ()))

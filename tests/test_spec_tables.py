@@ -459,6 +459,8 @@ def _doc_section(heading: str) -> list[str]:
 
 
 VARIANT_DOC_SECTIONS = {
+    ("hardened", Op.EXIT): "#### `hardened` and `scale`: the exit table",
+    ("scale", Op.EXIT): "#### `hardened` and `scale`: the exit table",
     ("hardened", Op.JOIN): "#### `hardened`: the join table",
     ("scale", Op.JOIN): "#### `scale`: the join table",
     ("scale", Op.KEEP_ALIVE): "#### `scale`: the keep-alive table",

@@ -770,15 +770,15 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster_factory(tmp_path: Path) -> Iterator[Callable[[str], Cluster]]:
+def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     _installed_entry_point()
     clusters: list[Cluster] = []
     with contextlib.ExitStack() as stops:
 
-        def make(endpoint: str) -> Cluster:
+        def make(endpoint: str, run_id: str | None = None) -> Cluster:
             folder = tmp_path / f"job{len(clusters)}"
             folder.mkdir()
-            cluster = Cluster(folder, endpoint, f"job{len(clusters)}")
+            cluster = Cluster(folder, endpoint, run_id or f"job{len(clusters)}")
             clusters.append(cluster)
             stops.callback(cluster.stop_all)
             return cluster
@@ -838,6 +838,29 @@ def test_two_agents_allreduce_over_etcd(
     cluster = cluster_factory(etcd_server.url)
     agents = [cluster.start(n, "2", "allreduce.py") for n in ("a", "b")]
     _check_allreduce(cluster, agents, True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+def test_a_second_job_with_the_same_run_id_trains_after_the_first(
+    cluster_factory: Callable[..., Cluster],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    store: str,
+) -> None:
+    """Issue 26, item 1: a requeued job keeps its --rdzv-id, and starts where the job
+    before it closed the run (its agents left it at shutdown): the new job reopens the
+    run and trains, as it would under c10d."""
+    url = (
+        _sqlite_url(tmp_path) if store == "sqlite" else request.getfixturevalue("redis_server").url
+    )
+    first = cluster_factory(url, "requeued")
+    _check_allreduce(first, [first.start(n, "2", "allreduce.py") for n in ("a", "b")], True)
+    second = cluster_factory(url, "requeued")
+    agents = [second.start(n, "2", "allreduce.py") for n in ("a", "b")]
+    _check_allreduce(second, agents, True)
+    reopened = re.compile(r"started a new job under run 'requeued' \(epoch 1, ")
+    assert any(reopened.search(agent.log.read_text()) for agent in agents), second.logs()
 
 
 @pytest.mark.slow
