@@ -42,12 +42,6 @@ STATE_POLL_S = 0.05
 # Heartbeats every second, dead after five missed ones: a paused agent (up to about 3 s
 # here) stays alive, and a loaded 2-core CI machine does not starve anyone that long.
 TIMINGS = {"keep_alive_interval": "1", "keep_alive_max_attempt": "5", "join_timeout": "90"}
-PINNED = "hardened"
-"""The protocol of the two tests below without a protocol parameter (failures 2 and 3):
-they were written and shown failing before the fixes under hardened, the default then;
-not yet run under scale on real processes. (The paused-member test timed out under scale
-only because it waited for C among the participants, where scale shows it only after a
-fold; it now waits for C's announcement and runs under both.)"""
 
 
 @pytest.fixture(params=STORES)
@@ -163,14 +157,15 @@ def test_a_paused_member_never_returns_a_round_whose_membership_changed(
         assert all(e["round"] != first["round"] for e in group.returns(2))
 
 
+@pytest.mark.parametrize("protocol", ["hardened", "scale"])
 def test_a_node_beyond_max_nodes_stands_by_without_restarting_the_job(
-    store_url: tuple[str, str], tmp_path: Path
+    store_url: tuple[str, str], tmp_path: Path, protocol: str
 ) -> None:
     """Failure 2: four agents, max_nodes 3. Once a member's workers failed and the job
     re-formed, the surplus node must stand by uncounted: no restart storm."""
     url, run_id = store_url
     watcher = Watcher(url, run_id)
-    config = {**TIMINGS, "last_call_timeout": "1", "cache_duration": "0", "protocol": PINNED}
+    config = {**TIMINGS, "last_call_timeout": "1", "cache_duration": "0", "protocol": protocol}
     with agents(tmp_path / "a", url, 2, 3, handler_config=config, run_id=run_id) as group:
         for i in range(4):
             group.start(i, hold=True)
@@ -216,8 +211,9 @@ def test_a_node_beyond_max_nodes_stands_by_without_restarting_the_job(
         assert not answers_agree(group)
 
 
+@pytest.mark.parametrize("protocol", ["hardened", "scale"])
 def test_a_count_right_after_a_scale_up_counts_the_new_round(
-    store_url: tuple[str, str], tmp_path: Path
+    store_url: tuple[str, str], tmp_path: Path, protocol: str
 ) -> None:
     """Failure 3: two members run, a third node arrives, they form a round of three; the
     members' next num_nodes_waiting() (cache_duration 1 s, the default) must count that
@@ -225,7 +221,7 @@ def test_a_count_right_after_a_scale_up_counts_the_new_round(
     waiting): no second restart."""
     url, run_id = store_url
     watcher = Watcher(url, run_id)
-    config = {**TIMINGS, "last_call_timeout": "1", "protocol": PINNED}
+    config = {**TIMINGS, "last_call_timeout": "1", "protocol": protocol}
     with agents(tmp_path / "a", url, 2, 3, handler_config=config, run_id=run_id) as group:
         group.start(0)
         group.start(1)
