@@ -143,13 +143,22 @@ def test_threads_rendezvous_through_sqlite(tmp_path: Path, n: int) -> None:
         assert [infos[i].rank for i in order] == list(range(n))
 
 
-def test_sixteen_threads_on_memory_store() -> None:
-    with shut(make_handlers("memory://test-sixteen", 16, 16, 16)) as handlers:
+@pytest.mark.parametrize("protocol", ["hardened", "scale"])
+def test_sixteen_threads_on_memory_store(protocol: str) -> None:
+    url = f"memory://test-sixteen-{protocol}"
+    with shut(make_handlers(url, 16, 16, 16, protocol=protocol)) as handlers:
         infos = run_all([h.next_rendezvous for h in handlers])
         assert_one_round(infos, 16)
         stats = [h.io_stats() for h in handlers]
-        # Every node's own join write landed (a lost write is retried, not counted here).
-        assert all(s.cas_attempts - s.cas_conflicts >= 1 for s in stats)
+        if protocol == "hardened":
+            # Every node's own join write landed (a lost write is retried, not counted).
+            assert all(s.cas_attempts - s.cas_conflicts >= 1 for s in stats)
+        else:
+            # Each node announced itself once; the state was written by the folds only
+            # (one fold completes a round of 16 arriving together, a few may race).
+            assert [s.announces for s in stats] == [1] * 16
+            landed = sum(s.cas_attempts - s.cas_conflicts for s in stats)
+            assert 1 <= landed < 16
 
 
 def test_round_store_is_namespaced_per_run_and_round(tmp_path: Path) -> None:
