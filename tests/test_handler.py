@@ -41,8 +41,8 @@ from rdzv.backend import Token
 from rdzv.handler import BACKOFF_BASE, BACKOFF_CAP
 from rdzv.store import PrefixStore, Store
 from rdzv.stores import MemoryStore
-from spec.codec import decode, encode
-from spec.machine import Fail
+from spec.codec import decode, encode, encode_node
+from spec.machine import Announce, CompareAndSet, Fail, Read, ReadAnnounced
 from spec.state import NodeId, RendezvousState
 from spec.vocabulary import FailKind, Op
 
@@ -322,24 +322,72 @@ class NoBackoff(random.Random):
         return a
 
 
-def test_join_times_out_on_the_fake_clock_without_sleeping() -> None:
-    clock = FakeClock()
-    store = MemoryStore()
-    # Heartbeats far apart, so that the jump of the fake clock expires nobody.
-    handler = fake_clock_handler(store, clock, 2, 2, keep_alive_interval=1000)
-    outcome = run_all_async([handler.next_rendezvous])
-    try:
-        # The node joined and now waits; nothing progresses until the fake time moves.
-        for _ in range(200):
-            if stored_state_or_none(store) is not None:
-                break
-            store.wait_for_change("rdzv/job/state", None, timedelta(seconds=0.05))
+ALONE_IN_ROUND_0 = "rdzv/job/announce/0"
+"""Round 0's announcement set (``scale``) in the tests of a node alone in an open round."""
+
+
+def wait_until_joined_alone(store: MemoryStore, handler: DynamicRendezvousHandler) -> None:
+    """Wait (bounded: 200 slices of at most 50 ms) until ``handler``, alone in round 0 of
+    a round of two, has joined and waits. Under ``hardened`` it wrote itself into the
+    state's participants; under ``scale`` it announced itself into round 0's set, and,
+    alone, it reaches neither min_nodes nor max_nodes, so nobody folds and the state is
+    never written."""
+    member = encode_node(handler.node)
+
+    def joined() -> bool:
+        if handler.variant.name == "hardened":
+            return stored_state_or_none(store) is not None
+        return store.members(ALONE_IN_ROUND_0) == [member]
+
+    for _ in range(200):
+        if joined():
+            break
+        store.wait_for_change("rdzv/job/state", None, timedelta(seconds=0.05))
+    if handler.variant.name == "hardened":
         assert stored_state(store).participant_nodes() == (handler.node,)
+    else:
+        assert store.members(ALONE_IN_ROUND_0) == [member]
+        assert not store.check(["rdzv/job/state"])
+
+
+def pass_the_deadline_alone(
+    store: MemoryStore, clock: FakeClock, handler: DynamicRendezvousHandler, seconds: float
+) -> None:
+    """Move ``clock`` past the join deadline ``seconds`` away of a node that
+    :func:`wait_until_joined_alone` saw join, and on until it gives up."""
+    if handler.variant.name == "hardened":
         joined = store.get("rdzv/job/state")
-        clock.advance(600.001)  # past the join deadline: the node withdraws within the window
+        clock.advance(seconds + 0.001)  # past the deadline: the node withdraws within the window
         assert store.wait_for_change("rdzv/job/state", joined, timedelta(seconds=10))
         assert stored_state(store).participants == ()
         clock.advance(5.0)  # past the rollback window: it gives up
+    else:
+        # Past the deadline the node takes its announcement back (scale's join row 16)
+        # and, listed nowhere in the state, gives up at once: it has no entry to roll back.
+        clock.advance(seconds + 0.001)
+
+
+def check_withdrawn_alone(store: MemoryStore, handler: DynamicRendezvousHandler) -> None:
+    """After :func:`pass_the_deadline_alone`: the node left nothing behind."""
+    if handler.variant.name == "hardened":
+        assert stored_state(store).participants == ()
+    else:
+        assert store.members(ALONE_IN_ROUND_0) == []
+        assert handler.io_stats().withdrawals == 1
+
+
+@pytest.mark.parametrize("protocol", ["hardened", "scale"])
+def test_join_times_out_on_the_fake_clock_without_sleeping(protocol: str) -> None:
+    clock = FakeClock()
+    store = MemoryStore()
+    # Heartbeats far apart, so that the jump of the fake clock expires nobody.
+    handler = fake_clock_handler(store, clock, 2, 2, keep_alive_interval=1000, protocol=protocol)
+    assert handler.variant.name == protocol
+    outcome = run_all_async([handler.next_rendezvous])
+    try:
+        # The node joined and now waits; nothing progresses until the fake time moves.
+        wait_until_joined_alone(store, handler)
+        pass_the_deadline_alone(store, clock, handler, 600.0)
         (error,) = outcome()
     finally:
         # On any path the join ends (timed out, or told by the close) and its thread is
@@ -348,6 +396,7 @@ def test_join_times_out_on_the_fake_clock_without_sleeping() -> None:
         outcome()
     assert isinstance(error, RendezvousTimeoutError)
     assert "deadline" in str(error) and "min_nodes" in str(error)
+    check_withdrawn_alone(store, handler)
 
 
 def stored_state_or_none(store: Store) -> RendezvousState | None:
@@ -368,10 +417,12 @@ def run_all_async(calls: Sequence[Callable[[], Any]]) -> Callable[[], list[Any]]
 
 
 # -- heartbeats --------------------------------------------------------------------------------
-def test_heartbeat_thread_starts_beats_and_stops_on_shutdown() -> None:
+@pytest.mark.parametrize("protocol", ["hardened", "scale"])
+def test_heartbeat_thread_starts_beats_and_stops_on_shutdown(protocol: str) -> None:
     clock = FakeClock()
     store = MemoryStore()
-    handler = fake_clock_handler(store, clock, keep_alive_interval=5)
+    handler = fake_clock_handler(store, clock, keep_alive_interval=5, protocol=protocol)
+    beat_key = f"rdzv/job/beat/{handler.node}"
     with stopping(handler):
         assert handler.heartbeat_thread is None
         handler.next_rendezvous()
@@ -380,10 +431,19 @@ def test_heartbeat_thread_starts_beats_and_stops_on_shutdown() -> None:
         beat0 = stored_state(store).heartbeat_of(handler.node)
         assert clock.wait_for_sleepers(1)
         before = store.get("rdzv/job/state")
+        assert store.try_get(beat_key) is None  # scale: no beat yet; hardened: no such key
         clock.advance(5.0)
-        assert store.wait_for_change("rdzv/job/state", before, timedelta(seconds=10))
-        beat1 = stored_state(store).heartbeat_of(handler.node)
-        assert beat0 is not None and beat1 == beat0 + 5000
+        if protocol == "hardened":
+            # The heartbeat is a stamp in the state: the state is written again.
+            assert store.wait_for_change("rdzv/job/state", before, timedelta(seconds=10))
+            beat1 = stored_state(store).heartbeat_of(handler.node)
+            assert beat0 is not None and beat1 == beat0 + 5000
+        else:
+            # The heartbeat is a count under the node's own key (first beat: 1); the
+            # state keeps its admission stamp and is not written again.
+            assert store.wait_for_change(beat_key, None, timedelta(seconds=10))
+            assert store.try_get(beat_key) == b"1"
+            assert store.get("rdzv/job/state") == before
         assert handler.shutdown() is True
         assert not thread.is_alive()
         assert handler.heartbeat_thread is None
@@ -467,7 +527,8 @@ class _HoldingKeepAlive(StoreRendezvousBackend):
         return super().get_state()
 
 
-def test_queries_run_beside_the_heartbeats_on_a_machine_of_their_own() -> None:
+@pytest.mark.parametrize("protocol", ["hardened", "scale"])
+def test_queries_run_beside_the_heartbeats_on_a_machine_of_their_own(protocol: str) -> None:
     # Queries never wait for the keep-alive (or a join): they run on the handler's second
     # machine, so they answer while a keep-alive is stuck inside a store call, and the
     # join's machine (which the keep-alive uses) is left alone.
@@ -475,7 +536,15 @@ def test_queries_run_beside_the_heartbeats_on_a_machine_of_their_own() -> None:
     store = MemoryStore()
     backend = _HoldingKeepAlive(store)
     handler = DynamicRendezvousHandler.from_backend(
-        "job", store, backend, 1, 1, keep_alive_interval=5, clock=clock, cache_duration=0
+        "job",
+        store,
+        backend,
+        1,
+        1,
+        keep_alive_interval=5,
+        clock=clock,
+        cache_duration=0,
+        protocol=protocol,
     )
     with stopping(handler):
         handler.next_rendezvous()
@@ -499,12 +568,18 @@ def test_queries_run_beside_the_heartbeats_on_a_machine_of_their_own() -> None:
             if queries is not None:
                 queries()
         # The held keep-alive then finishes its beat.
-        for _ in range(200):  # bounded: 200 slices of at most 50 ms
-            beat = stored_state(store).heartbeat_of(handler.node)
-            if beat != beat0:
-                break
-            store.wait_for_change("rdzv/job/state", store.get("rdzv/job/state"), timedelta(0.05))
-        assert beat == beat0 + 5000
+        if protocol == "hardened":  # a stamp in the state
+            for _ in range(200):  # bounded: 200 slices of at most 50 ms
+                beat = stored_state(store).heartbeat_of(handler.node)
+                if beat != beat0:
+                    break
+                current = store.get("rdzv/job/state")
+                store.wait_for_change("rdzv/job/state", current, timedelta(seconds=0.05))
+            assert beat == beat0 + 5000
+        else:  # a count under the node's own key (the first beat: 1)
+            beat_key = f"rdzv/job/beat/{handler.node}"
+            assert store.wait_for_change(beat_key, None, timedelta(seconds=10))
+            assert store.try_get(beat_key) == b"1"
         assert handler.shutdown() is True
 
 
@@ -657,17 +732,35 @@ class _AlwaysLoses(StoreRendezvousBackend):
         return self._current(written=False)
 
 
-def test_lost_writes_back_off_with_bounded_jitter_until_the_deadline() -> None:
+FIRST_JOIN_WRITE = {
+    "hardened": (Read, CompareAndSet),  # read: nothing stored; the node writes itself in
+    # read; announce (the set's size, 1, fills max_nodes 1); read the set; fold it
+    "scale": (Read, Announce, ReadAnnounced, CompareAndSet),
+}
+"""The requests of a lone node's join up to its first write of the state, per protocol."""
+
+
+@pytest.mark.parametrize("protocol", ["hardened", "scale"])
+def test_lost_writes_back_off_with_bounded_jitter_until_the_deadline(protocol: str) -> None:
     clock = FakeClock()
     store = MemoryStore()
     rng = _RecordingRandom()
     handler = DynamicRendezvousHandler.from_backend(
-        "job", store, _AlwaysLoses(store, "job"), 1, 1, clock=clock, rng=rng, cache_duration=0
+        "job",
+        store,
+        _AlwaysLoses(store, "job"),
+        1,
+        1,
+        clock=clock,
+        rng=rng,
+        cache_duration=0,
+        protocol=protocol,
     )
     driver = handler.driver
     driver.start(Op.JOIN, driver.deadline_after(2000))
-    assert driver.poll()  # read: nothing stored
-    assert driver.poll()  # the write loses
+    for kind in FIRST_JOIN_WRITE[protocol]:  # the last one, the write, loses
+        assert isinstance(driver.request, kind), driver.request
+        assert driver.poll()
     assert not driver.poll(), "a writer that lost must back off before trying again"
     steps = 0
     while not driver.finished and steps < 10_000:  # bounded: the deadline ends it
@@ -901,26 +994,47 @@ class _RoundStoreDown(MemoryStore):
         raise ConnectionResetError(f"connection reset while reading {list(keys)}")
 
 
-def _expire_quiet_nodes(store: Store, clock: FakeClock, beaters: int) -> None:
-    """Let ``beaters`` heartbeat threads beat four times (20 s): a node that stopped
-    beating at t = 0 expires at 15 s (keep-alive 5 s, 3 attempts)."""
-    for _ in range(4):
-        assert clock.wait_for_sleepers(beaters)
-        before = store.get("rdzv/job/state")
+def _expire_quiet_nodes(
+    store: MemoryStore, clock: FakeClock, beater: DynamicRendezvousHandler
+) -> None:
+    """Let ``beater``'s heartbeat thread, the only one running, beat until a node that
+    stopped beating at t = 0 is pruned (keep-alive 5 s, 3 attempts: expiry 15 s).
+
+    ``hardened``: every beat rewrites the state, whose stamp of the quiet node expires at
+    15 s: four beats (20 s). ``scale``: ``beater``, the first participant, first reads
+    the quiet node's heartbeat key at its first keep-alive (5 s) and prunes it once that
+    value stood still for longer than the expiry from then (the local liveness clock):
+    five intervals (25 s); only the prune writes the state."""
+    if beater.variant.name == "hardened":
+        for _ in range(4):
+            assert clock.wait_for_sleepers(1)
+            before = store.get("rdzv/job/state")
+            clock.advance(5.0)
+            assert store.wait_for_change("rdzv/job/state", before, timedelta(seconds=10))
+        return
+    key = f"rdzv/job/beat/{beater.node}"
+    for _ in range(5):
+        assert clock.wait_for_sleepers(1)  # the previous keep-alive, if any, is over
+        beat = store.try_get(key)
         clock.advance(5.0)
-        assert store.wait_for_change("rdzv/job/state", before, timedelta(seconds=10))
+        assert store.wait_for_change(key, beat, timedelta(seconds=10))  # it beat...
+    assert clock.wait_for_sleepers(1)  # ...and watched (and pruned) before sleeping again
 
 
+@pytest.mark.parametrize("protocol", ["hardened", "scale"])
 @pytest.mark.parametrize("how", ["bootstrap read fails", "abandon_round"])
 def test_a_member_that_cannot_work_in_its_round_stops_beating_and_the_round_moves_on(
-    how: str,
+    how: str, protocol: str
 ) -> None:
     clock = FakeClock()
     store = MemoryStore()
-    # a is created first, so it sorts first and gets rank 0 (see new_node_id).
-    a = fake_clock_handler(store, clock, 2, 2, keep_alive_interval=5)
+    # a is created first, so it sorts first and gets rank 0 (see new_node_id); under
+    # scale that also makes it the watcher of b's heartbeat key.
+    a = fake_clock_handler(store, clock, 2, 2, keep_alive_interval=5, protocol=protocol)
     broken = _RoundStoreDown() if how == "bootstrap read fails" else store
-    b = fake_clock_handler(store, clock, 2, 2, keep_alive_interval=5, round_store=broken)
+    b = fake_clock_handler(
+        store, clock, 2, 2, keep_alive_interval=5, round_store=broken, protocol=protocol
+    )
     with stopping(a, b):
         info, outcome = run_all([a.next_rendezvous, b.next_rendezvous])
         assert info.rank == 0
@@ -935,7 +1049,7 @@ def test_a_member_that_cannot_work_in_its_round_stops_beating_and_the_round_move
         # ...and b no longer beats, without having left: it is a member until it expires.
         assert b.heartbeat_thread is None
         assert b.node in stored_state(store).participant_nodes()
-        _expire_quiet_nodes(store, clock, beaters=1)
+        _expire_quiet_nodes(store, clock, a)
         state = stored_state(store)
         assert b.node not in state.participant_nodes()
         assert state.round == 1 and state.wait_list == (a.node,)
@@ -950,27 +1064,22 @@ def test_a_member_that_cannot_work_in_its_round_stops_beating_and_the_round_move
         assert b.shutdown() is True
 
 
-def test_next_rendezvous_until_keeps_the_deadline_it_is_given() -> None:
+@pytest.mark.parametrize("protocol", ["hardened", "scale"])
+def test_next_rendezvous_until_keeps_the_deadline_it_is_given(protocol: str) -> None:
     clock = FakeClock()
     store = MemoryStore()
-    handler = fake_clock_handler(store, clock, 2, 2, keep_alive_interval=1000)
+    handler = fake_clock_handler(store, clock, 2, 2, keep_alive_interval=1000, protocol=protocol)
     deadline = clock.monotonic() + 10.0  # far before the join timeout (600 s)
     outcome = run_all_async([lambda: handler.next_rendezvous_until(deadline)])
     try:
-        for _ in range(200):
-            if stored_state_or_none(store) is not None:
-                break
-            store.wait_for_change("rdzv/job/state", None, timedelta(seconds=0.05))
-        joined = store.get("rdzv/job/state")
-        clock.advance(10.001)  # past the deadline given: the node withdraws
-        assert store.wait_for_change("rdzv/job/state", joined, timedelta(seconds=10))
-        assert stored_state(store).participants == ()
-        clock.advance(5.0)  # past the rollback window: it gives up
+        wait_until_joined_alone(store, handler)
+        pass_the_deadline_alone(store, clock, handler, 10.0)  # the deadline given
         (error,) = outcome()
     finally:
         handler.shutdown()
         outcome()
     assert isinstance(error, RendezvousTimeoutError)
+    check_withdrawn_alone(store, handler)
 
 
 # -- clock skew (model checker finding 1) ------------------------------------------------------
