@@ -885,16 +885,20 @@ def forget_stale_announcement(world: World, cfg: ModelConfig) -> World:
     """Forget what a node's record of its latest announcement can no longer tell (an
     exact abstraction; see docs/model_checker.md).
 
-    The record (round, set size returned, when) is consulted only while the node's view
-    is of that round: whether it is in the round's announcements at all (a record
-    exists), whether the announcement is fresh (at most an interval old) and, only then,
-    the size (``spec.tables`` atoms ``in_announcements``, ``announced``, ``fold_due``).
-    Every later view of the node is read from the store, whose round never goes back, or
-    made from its current view by effects, which never lower the round (a view with a new
-    round that is not written yet can fall back to the store's): so a record of a round
-    below both is dropped. A record older than an interval never becomes fresh again, so
-    its size is set to 0.
+    The record (round, set size returned, when, size before) is consulted only while the
+    node's view is of that round: whether it is in the round's announcements at all (a
+    record exists), whether the announcement is fresh (at most an interval old) and, only
+    then, the sizes (``spec.tables`` atoms ``in_announcements``, ``announced``,
+    ``fold_due``). Every later view of the node is read from the store, whose round never
+    goes back, or made from its current view by effects, which never lower the round (a
+    view with a new round that is not written yet can fall back to the store's): so a
+    record of a round below both is dropped. A record older than an interval never
+    becomes fresh again: its size before is never read again (set to 0), and its size
+    only as the size before of the node's next renewal, compared with max_nodes and
+    min_nodes (``fold_due``), so it is replaced by the least size of its class (at
+    least max_nodes, at least min_nodes, fewer).
     """
+    settings = cfg.settings
     stale_at = -cfg.settings.keep_alive_interval
     stored = 0 if world.store is None else decode_cached(world.store).round
     procs: list[Proc] = []
@@ -904,9 +908,11 @@ def forget_stale_announcement(world: World, cfg: ModelConfig) -> World:
             procs.append(p)
             continue
         if record[0] < min(p.local.view.round, stored):
-            kept: tuple[int, int, int] | None = None
-        elif record[2] < stale_at and record[1] != 0:
-            kept = (record[0], 0, record[2])
+            kept: tuple[int, int, int, int] | None = None
+        elif record[2] < stale_at and (
+            record[3] != 0 or record[1] != _size_class(record[1], settings)
+        ):
+            kept = (record[0], _size_class(record[1], settings), record[2], 0)
         else:
             procs.append(p)
             continue
@@ -914,6 +920,16 @@ def forget_stale_announcement(world: World, cfg: ModelConfig) -> World:
     if all(a is b for a, b in zip(procs, world.procs, strict=True)):
         return world
     return replace(world, procs=tuple(procs))
+
+
+def _size_class(size: int, settings: Settings) -> int:
+    """The least announcement-set size that compares with max_nodes and min_nodes as
+    ``size`` does (1 below both: a returned size counts the announcer)."""
+    if size >= settings.max_nodes:
+        return settings.max_nodes
+    if size >= settings.min_nodes:
+        return settings.min_nodes
+    return 1
 
 
 def rotate_beat_values(world: World, modulus: int = BEAT_MODULUS) -> World:
@@ -1692,7 +1708,7 @@ def _shift_local(
     announced = local.announced
     if announced is not None:
         at = max(announced[2] - t, -settings.keep_alive_interval - t)
-        announced = (announced[0], announced[1], at)
+        announced = (announced[0], announced[1], at, announced[3])
     seen_call = local.seen_last_call
     if seen_call is not None:
         seen_call = (

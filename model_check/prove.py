@@ -381,6 +381,9 @@ class SymContext:
     current round (0: it has not announced in this round)."""
     announce_age: Z | None = None
     """Announcing variants only: time since this node announced."""
+    announce_before: Z | None = None
+    """Announcing variants only: the size the announcement this one renewed returned (0:
+    a first announcement)."""
     beat_age: Z | None = None
     """Heartbeats under keys: time since this node last beat (negative: never)."""
     watch_age: Z | None = None
@@ -453,9 +456,14 @@ def _fold_due(w: World, c: SymContext) -> Z:
     if c.announce_size is None or c.announce_age is None:
         return z3.BoolVal(False)
     size, st, n = c.announce_size, c.settings, c.state.n_participants
+    before = z3.IntVal(0) if c.announce_before is None else c.announce_before
+    first = before == 0
     return z3.And(
         _announced(w, c),
-        z3.Or(size >= st.max_nodes, z3.And(size >= st.min_nodes, n < st.min_nodes)),
+        z3.Or(
+            z3.And(size >= st.max_nodes, z3.Or(first, before >= st.max_nodes)),
+            z3.And(size >= st.min_nodes, n < st.min_nodes, z3.Or(first, before >= st.min_nodes)),
+        ),
     )
 
 
@@ -1083,6 +1091,9 @@ class Prover:
             ),
             announce_size=w.fresh("announce_size", z3.IntSort()) if self._announcing else None,
             announce_age=w.fresh("announce_age", z3.IntSort()) if self._announcing else None,
+            announce_before=(
+                w.fresh("announce_before", z3.IntSort()) if self._announcing else None
+            ),
             beat_age=w.fresh("beat_age", z3.IntSort()) if self._key_beats else None,
             watch_age=w.fresh("watch_age", z3.IntSort()) if self._key_beats else None,
             any_dead=w.fresh("any_dead", z3.BoolSort()) if self._key_beats else None,
@@ -1090,6 +1101,8 @@ class Prover:
         )
         if ctx.announce_size is not None and ctx.announce_age is not None:
             facts += [ctx.announce_size >= 0, ctx.announce_age >= 0]
+        if ctx.announce_before is not None:
+            facts.append(ctx.announce_before >= 0)
         if ctx.job_offset is not None:
             # A newcomer's job is one epoch above the closed run it first saw, and the
             # run is reopened one epoch at a time; a closed run is the only state of an
@@ -1115,6 +1128,7 @@ class Prover:
                 **({} if ctx.last_call_age is None else {"last_call_age": ctx.last_call_age}),
                 **({} if ctx.announce_size is None else {"announce_size": ctx.announce_size}),
                 **({} if ctx.announce_age is None else {"announce_age": ctx.announce_age}),
+                **({} if ctx.announce_before is None else {"announce_before": ctx.announce_before}),
                 **({} if ctx.beat_age is None else {"beat_age": ctx.beat_age}),
                 **({} if ctx.watch_age is None else {"watch_age": ctx.watch_age}),
                 **({} if ctx.job_offset is None else {"job_offset": ctx.job_offset}),
@@ -1330,6 +1344,11 @@ class Prover:
                 ),
                 announce_age=(
                     num(sym.clocks["announce_age"]) if "announce_age" in sym.clocks else None
+                ),
+                announce_before=(
+                    num(sym.clocks["announce_before"]) or None
+                    if "announce_before" in sym.clocks
+                    else None
                 ),
                 beat_age=_age_or_none(num, sym.clocks.get("beat_age")),
                 watch_age=_age_or_none(num, sym.clocks.get("watch_age")),

@@ -108,6 +108,7 @@ from spec.machine import (
     Withdraw,
     Withdrawn,
     WokeUp,
+    adopt_job,
     known_of,
     nodes_waiting,
     step,
@@ -485,6 +486,30 @@ class Narrator:
             logger.info(message, local.node, self.run_id, local.view.round)
 
 
+class NodeJob:
+    """The job a node belongs to (:attr:`spec.machine.Local.job`), shared by the
+    handler's two drivers: the first state either machine state sees fixes it for both
+    (:func:`spec.machine.adopt_job`), also while the other is inside an operation. So a
+    join whose first read returns the run its own handler's ``shutdown`` closed meanwhile
+    fails closed, as its job's run did, instead of reopening it as the next job."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._job: int | None = None
+
+    @property
+    def job(self) -> int | None:
+        return self._job
+
+    def fixed(self, job: int | None) -> None:
+        """Record ``job`` unless one is recorded already (a node never changes job)."""
+        if job is None or self._job is not None:
+            return
+        with self._lock:
+            if self._job is None:
+                self._job = job
+
+
 class NodeDriver:
     """Carries out one node's machine requests on a backend with a clock.
 
@@ -500,10 +525,13 @@ class NodeDriver:
         rng: random.Random,
         run_id: str,
         narrator: Narrator | None = None,
+        job: NodeJob | None = None,
     ) -> None:
         """``narrator`` tells the node's real events in the log (:class:`Narrator`; the
-        handler shares one between its two drivers); None: a narrator of its own."""
+        handler shares one between its two drivers); None: a narrator of its own.
+        ``job``: the node's job, shared likewise (:class:`NodeJob`); None: its own."""
         self.narrator = Narrator(run_id) if narrator is None else narrator
+        self.job = NodeJob() if job is None else job
         self.config = config
         self.backend = backend
         self.clock = clock
@@ -519,8 +547,9 @@ class NodeDriver:
     # -- feeding the machine ------------------------------------------------------------
     def _feed(self, event: Event) -> None:
         op = event.op if isinstance(event, StartOp) else self.local.op
-        before = self.local
+        before = adopt_job(self.local, self.job.job)
         result = step(before, event, self.config)
+        self.job.fixed(result.local.job)
         self.stats.steps += 1
         if events.enabled():
             events.emit(
@@ -1311,8 +1340,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         machine_clock = SteadyWallClock(clock) if variant.liveness_clock == LOCAL else clock
         self._config = Config(settings=self._spec_settings, variant=variant, decode=LastDecoded())
         narrator = Narrator(settings.run_id)
+        job = NodeJob()
         self._driver = NodeDriver(
-            node, self._config, backend, machine_clock, rng, settings.run_id, narrator
+            node, self._config, backend, machine_clock, rng, settings.run_id, narrator, job
         )
         # Queries and closes run on a machine state of their own (own reads, tokens and
         # decoder: LastDecoded is not thread-safe), so that they never wait for a join and
@@ -1326,6 +1356,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             rng,
             settings.run_id,
             narrator,
+            job,
         )
         self._lock = threading.Lock()
         """Serializes the operations of ``_driver``: exit, join, keep-alive, and the

@@ -340,8 +340,9 @@ class Local:
     saw that value), sorted by node. Empty under the wall clock."""
     seen_last_call: tuple[Millis, Millis] | None = None
     """Local liveness clock only: (last-call deadline value, monotonic time first seen)."""
-    announced: tuple[int, int, Millis] | None = None
-    """Announcing variants only: (round, set size returned, monotonic time) of this node's
+    announced: tuple[int, int, Millis, int] | None = None
+    """Announcing variants only: (round, set size returned, monotonic time, size returned
+    by this node's announcement before it in the same round, 0 if none) of this node's
     latest announcement."""
     folding: Action | None = None
     """The fold waiting for its :class:`ReadAnnounced` answer."""
@@ -468,7 +469,10 @@ def step(local: Local, event: Event, config: Config) -> Step:
     if isinstance(event, Announced):
         if local.phase is not Phase.ANNOUNCING:
             raise InvalidTransition(local, event)
-        announced = (local.view.round, event.size, event.now.mono)
+        round_ = local.view.round
+        prev = local.announced
+        before = prev[1] if prev is not None and prev[0] == round_ else 0
+        announced = (round_, event.size, event.now.mono, before)
         return _decide(evolve(local, announced=announced), event.now, config)
     if isinstance(event, AnnouncedMembers):
         if local.phase is not Phase.READING_ANNOUNCED or local.folding is None:
@@ -523,6 +527,17 @@ def known_of(local: Local) -> Known | None:
     if local.dirty or local.synced_at is None:
         return None
     return Known(local.view, local.token, local.synced_at, local.job)
+
+
+def adopt_job(local: Local, job: int | None) -> Local:
+    """``local`` with ``job``, the job the node's other machine state has fixed, if
+    ``local`` has none yet (it has seen no state); unchanged otherwise. A node belongs to
+    one job, fixed by the first state *either* of its machine states saw (:class:`Known`):
+    without this, a join whose first read returns the closed state of its own handler's
+    close would take the node for a newcomer of the next job and reopen the run."""
+    if job is None or local.job is not None:
+        return local
+    return evolve(local, job=job)
 
 
 def job_after(job: int | None, view: RendezvousState) -> int:
@@ -730,10 +745,11 @@ def context(local: Local, now: Now, config: Config) -> Context:
         beat_age = None if local.beat_at is None else now.mono - local.beat_at
         watch_age = None if local.watched_at is None else now.mono - local.watched_at
         dead = dead_watched(local, now.mono, config.settings)
-    announce_size = announce_age = None
+    announce_size = announce_age = announce_before = None
     if local.announced is not None and local.announced[0] == local.view.round:
         announce_size = local.announced[1]
         announce_age = now.mono - local.announced[2]
+        announce_before = local.announced[3] or None
     return Context(
         node=local.node,
         state=local.view,
@@ -745,6 +761,7 @@ def context(local: Local, now: Now, config: Config) -> Context:
         last_call_age=last_call_age,
         announce_size=announce_size,
         announce_age=announce_age,
+        announce_before=announce_before,
         beat_age=beat_age,
         watch_age=watch_age,
         job_offset=0 if local.job is None else local.view.epoch - local.job,

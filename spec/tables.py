@@ -52,6 +52,10 @@ class Context:
     this node's own announcement returned; None if it has not announced in this round."""
     announce_age: Millis | None = None
     """Announcing variants only: monotonic time since this node announced in this round."""
+    announce_before: int | None = None
+    """Announcing variants only: when this node's latest announcement in this round renewed
+    an earlier one, the set size that earlier announcement returned; None for a first
+    announcement."""
     beat_age: Millis | None = None
     """Heartbeat keys only: monotonic time since this node last wrote its heartbeat key
     (None: never)."""
@@ -131,10 +135,18 @@ def _fold_due(ctx: Context) -> bool:
     if size is None or not _announced(ctx):
         return False
     settings = ctx.settings
-    if size >= settings.max_nodes:
-        return True  # this announcement filled the round
-    # Enough announced to start the last call, and nobody folded yet.
-    return size >= settings.min_nodes and ctx.state.num_participants < settings.min_nodes
+    before = ctx.announce_before
+    if size >= settings.max_nodes and (before is None or before >= settings.max_nodes):
+        # This announcement filled the round; or it renews one that already found the
+        # round full an interval ago, and nobody has folded since (the filler crashed).
+        return True
+    # Enough announced to start the last call, and nobody folded yet: as above, a renewal
+    # folds only if its earlier announcement had already found enough. A renewal that
+    # merely finds a threshold reached leaves the fold to whoever reached it, so that
+    # renewals during a long round do not all fold at once (each but one a lost write).
+    if size >= settings.min_nodes and ctx.state.num_participants < settings.min_nodes:
+        return before is None or before >= settings.min_nodes
+    return False
 
 
 def _beat_due(ctx: Context) -> bool:
@@ -207,7 +219,8 @@ ATOM_DOCS: dict[Atom, str] = {
     ),
     Atom.FOLD_DUE: (
         "this node's announcement is fresh and should be folded: the set's size it got "
-        "back reached max_nodes, or reached min_nodes while fewer are participants"
+        "back reached max_nodes, or reached min_nodes while fewer are participants (for "
+        "a renewal, only if the announcement it renews had already reached it)"
     ),
     Atom.BEAT_DUE: (
         "this node is listed and has not written its heartbeat key for keep_alive_interval"

@@ -602,6 +602,38 @@ class _HoldingReads(StoreRendezvousBackend):
         return super().get_state()
 
 
+@pytest.mark.parametrize("protocol", ["hardened", "scale"])
+def test_a_join_whose_first_read_follows_its_own_shutdown_fails_closed(protocol: str) -> None:
+    # The join is held inside its first read of the state; meanwhile shutdown() closes
+    # the run on the other machine state (and gives up leaving it: the join holds the
+    # main one). The read then returns the closed run. The node's job was fixed by the
+    # close's own first read, so the join fails closed. Before the two machine states
+    # shared the job, the join took the node for a newcomer of the next job, reopened the
+    # run as epoch 1 and waited there alone until its join timeout.
+    store = MemoryStore()
+    backend = _HoldingReads(store)
+    h = DynamicRendezvousHandler.from_backend(
+        "job",
+        store,
+        backend,
+        2,
+        2,
+        timeout=RendezvousTimeout(join=timedelta(seconds=JOIN_TIMEOUT), close=0.05),
+        cache_duration=0,
+        protocol=protocol,
+    )
+    with shut_down(h):
+        backend.hold_thread = "a-join"
+        join = Call(h.next_rendezvous, "a-join")
+        assert backend.held.wait(THREAD_JOIN)  # the join is inside its first read
+        assert h.shutdown() is True
+        backend.gate.set()
+        outcome = join.result()
+        assert isinstance(outcome, RendezvousClosedError), outcome
+        stored = state(store)
+        assert stored is not None and stored.closed and stored.epoch == 0
+
+
 def test_a_second_shutdown_writes_nothing_and_waits_for_no_query() -> None:
     store = MemoryStore()
     backend = _HoldingReads(store)

@@ -208,7 +208,7 @@ class HandlersOverOneStore(RuleBasedStateMachine):
                 driver.start(self.plans[i][0], self.deadlines[i])
         elif isinstance(request, Fail):
             self.plans[i] = []
-            self._check_failure(request, self.deadlines[i])
+            self._check_failure(request, self.deadlines[i], driver.local.job)
 
     def _check_join(self, node: NodeId, view: RendezvousState) -> None:
         rank = view.rank_of(node)
@@ -222,12 +222,15 @@ class HandlersOverOneStore(RuleBasedStateMachine):
         ranks[node] = rank
         self.finished_joins += 1
 
-    def _check_failure(self, fail: Fail, deadline: int) -> None:
+    def _check_failure(self, fail: Fail, deadline: int, job: int | None) -> None:
         assert fail.kind not in (FailKind.CONNECTION, FailKind.CORRUPT_STATE), fail
         if fail.kind is FailKind.TIMEOUT:
             assert now_of(self.clock).mono > deadline, (fail, deadline)
         if fail.kind in (FailKind.CLOSED, FailKind.GRACEFUL_EXIT):
-            assert self.stored.closed, fail
+            # Closed: the node's job closed the run, or a new job has reopened it since
+            # (a later epoch than the node's own).
+            stored = self.stored
+            assert stored.closed or (job is not None and stored.epoch > job), (fail, job)
 
     @invariant()
     def stored_state_keeps_the_invariants(self) -> None:

@@ -776,7 +776,7 @@ ABSTRACTION_CASES = [
     ),
     # forget_stale_announcement (scale's record of its latest announcement)
     pytest.param(
-        _cfg(nodes=3, min_nodes=2, max_nodes=3, variant=spec.SCALE, max_rounds=1, closes=0),
+        _cfg(nodes=3, min_nodes=2, max_nodes=2, variant=spec.SCALE, max_rounds=1, closes=0),
         "forget_announce",
         _announcement_forgotten,
         id="announce",

@@ -42,6 +42,7 @@ from spec.machine import (
     Withdrawn,
     WokeUp,
     context,
+    evolve,
     next_timer,
     step,
     watched,
@@ -162,14 +163,18 @@ def test_a_folding_row_without_its_fold_is_rejected() -> None:
         )
 
 
-def _ctx(size: int | None, age: int, participants: int, settings: Settings) -> bool:
+def _ctx(
+    size: int | None, age: int, participants: int, settings: Settings, before: int = 0
+) -> bool:
     state = RendezvousState.build(
         participants={n: 0 for n in NODES[1 : 1 + participants]},
         last_heartbeats={n: WALL for n in NODES[1 : 1 + participants]},
     )
     local = Local(NODES[0], view=state, op=Op.JOIN, deadline=10**9)
     if size is not None:
-        local = Local(NODES[0], view=state, op=Op.JOIN, deadline=10**9, announced=(0, size, 100))
+        local = Local(
+            NODES[0], view=state, op=Op.JOIN, deadline=10**9, announced=(0, size, 100, before)
+        )
     ctx = context(local, Now(100 + age, WALL), Config(settings, SCALE))
     return Atom.FOLD_DUE.holds(ctx)
 
@@ -188,6 +193,36 @@ def _ctx(size: int | None, age: int, participants: int, settings: Settings) -> b
 def test_fold_due_has_two_reasons(size: int | None, age: int, participants: int, due: bool) -> None:
     settings = Settings(min_nodes=2, max_nodes=4)
     assert _ctx(size, age, participants, settings) is due
+
+
+@pytest.mark.parametrize(
+    ("size", "before", "participants", "due"),
+    [
+        (4, 3, 2, False),  # the last call runs; full only now: the filler folds
+        (4, 4, 2, True),  # full an interval ago and still no fold: the filler is gone
+        (4, 3, 0, True),  # min reached an interval ago and no fold: start the last call
+        (2, 1, 0, False),  # a renewal finds min just reached: whoever reached it folds
+        (3, 2, 0, True),  # min reached an interval ago and nobody folded
+        (3, 3, 2, False),  # somebody folded meanwhile: wait
+    ],
+)
+def test_a_renewal_folds_only_a_threshold_reached_an_interval_ago(
+    size: int, before: int, participants: int, due: bool
+) -> None:
+    settings = Settings(min_nodes=2, max_nodes=4)
+    assert _ctx(size, 0, participants, settings, before) is due
+
+
+def test_a_renewal_remembers_the_size_of_the_announcement_it_renews() -> None:
+    settings = Settings(min_nodes=2, max_nodes=3)
+    config = Config(settings, SCALE)
+    now = Now(0, WALL)
+    local = Local(NODES[0], op=Op.JOIN, deadline=10**9, phase=Phase.ANNOUNCING)
+    first = step(local, Announced(1, now), config).local
+    assert first.announced == (0, 1, 0, 0)
+    renewing = evolve(first, phase=Phase.ANNOUNCING)
+    later = Now(6_000, WALL + 6_000)
+    assert step(renewing, Announced(3, later), config).local.announced == (0, 3, 6_000, 1)
 
 
 # -- the machine -----------------------------------------------------------------------------
@@ -215,8 +250,19 @@ def test_an_announcer_waits_then_a_stale_fold_reads_again() -> None:
     s = step(s.local, ReadResult(None, None, later), config)
     assert s.action is Action.ANNOUNCE and s.request == Announce(0, encode_node(me))
     s = step(s.local, Announced(2, later), config)  # another node announced meanwhile
+    # That node reached min_nodes and folds: a renewal that merely finds min reached
+    # leaves the fold to it, and waits another interval.
+    assert s.action is Action.SYNC and isinstance(s.request, Wait)
+    assert s.request.until == later.mono + settings.keep_alive_interval + 1
+    last = Now(later.mono + settings.keep_alive_interval + 1, WALL)
+    s = step(s.local, WokeUp(last), config)
+    s = step(s.local, ReadResult(None, None, last), config)
+    assert s.action is Action.ANNOUNCE and s.request == Announce(0, encode_node(me))
+    # Still no fold a whole interval after min was reached: that node is gone, so this one
+    # folds.
+    s = step(s.local, Announced(2, last), config)
     assert s.action is Action.FOLD and s.request == ReadAnnounced(0)
-    s = step(s.local, AnnouncedMembers((encode_node(me),), later), config)
+    s = step(s.local, AnnouncedMembers((encode_node(me),), last), config)
     assert isinstance(s.request, CompareAndSet) and s.local.dirty
     assert decode(s.request.data).participant_nodes() == (me,)
 
