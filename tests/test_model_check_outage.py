@@ -56,7 +56,7 @@ def without_the_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(spec, "step", step)
 
 
-@pytest.mark.parametrize(("protocol", "unique"), [("hardened", 235), ("scale", 751)])
+@pytest.mark.parametrize(("protocol", "unique"), [("hardened", 235), ("scale", 1093)])
 def test_no_live_member_is_evicted_after_an_outage_longer_than_the_expiry(
     protocol: str, unique: int
 ) -> None:
