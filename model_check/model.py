@@ -899,7 +899,7 @@ def forget_stale_announcement(world: World, cfg: ModelConfig) -> World:
     least max_nodes, at least min_nodes, fewer).
     """
     settings = cfg.settings
-    stale_at = -cfg.settings.keep_alive_interval
+    stale_at = -settings.keep_alive_interval
     stored = 0 if world.store is None else decode_cached(world.store).round
     procs: list[Proc] = []
     for p in world.procs:

@@ -33,7 +33,6 @@ non-finite numbers, excessive nesting, invalid UTF-8 and unknown versions all ra
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import operator
@@ -44,6 +43,7 @@ from spec.state import (
     MAX_ID,
     NodeId,
     RendezvousState,
+    trusted_nodes,
     valid_addr,
 )
 
@@ -234,11 +234,6 @@ def _node(entry: Any, where: str, extra: int) -> tuple[NodeId, list[Any]]:
     return node, items[3:]
 
 
-_new_node = functools.partial(tuple.__new__, NodeId)
-"""A :class:`NodeId` from a checked ``(addr, pid, local_id)`` tuple (as :func:`trusted_node`),
-callable from :func:`map`."""
-
-
 def _fast_entries(
     value: Any, extra: int, low: int, interned: dict[NodeId, NodeId]
 ) -> list[tuple[NodeId, int]] | list[NodeId] | None:
@@ -275,7 +270,7 @@ def _fast_entries(
         return None
     if extra and (min(numbers) < low or max(numbers) > MAX_INT):
         return None
-    nodes = list(map(_new_node, zip(addrs, pids, local_ids, strict=True)))
+    nodes = trusted_nodes(zip(addrs, pids, local_ids, strict=True))
     if not all(map(operator.lt, nodes, itertools.islice(nodes, 1, None))):
         return None  # out of order or a duplicate
     nodes = list(map(interned.setdefault, nodes, nodes))
