@@ -35,6 +35,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,8 @@ STORM_S = 8.0
 STORM_ROUNDS = 3
 """Rounds that, formed in :data:`STORM_S` with no node coming or going, make a storm (a
 correct handler forms none)."""
+STORM_TRIGGERS = 3
+"""Worker failures the storm test may cause before it gives up on seeing a storm."""
 STATE_POLL_S = 0.1
 STORE_TIMEOUT_S = 30.0
 """The agents' TCPStore client timeout: a non-zero rank's first answer waits on the keys
@@ -160,6 +163,16 @@ def _returned(group: Agents, index: int, rnd: int) -> list[dict[str, Any]]:
     return [e for e in group.returns(index) if e["round"] == rnd]
 
 
+def _all_returned(group: Agents, rnd: int) -> bool:
+    """Every member of a full round (3 here) returned round ``rnd``."""
+    return sum(1 for i in group.procs if _returned(group, i, rnd)) == 3
+
+
+def _later(rnd: int, state: _RendezvousState) -> bool:
+    """``state`` is a complete round after round ``rnd``."""
+    return bool(state.complete and state.round > rnd)
+
+
 def _quiet(group: Agents, watcher: Watcher) -> None:
     """Watch the settled job for :data:`QUIET_S`: no restart, no round formed."""
     before = watcher.state()
@@ -213,45 +226,54 @@ def test_torch_keeps_a_node_beyond_max_nodes_on_the_wait_list_in_a_restart_storm
     """Failure 2: four agents, max_nodes 3; one member's workers fail once. torch puts the
     failed member and the standing-by node on the wait list; in every round formed after
     that, the node left over is still on the wait list of a full round, so the members
-    restart again: a storm of rounds with no node coming or going."""
+    restart again: a storm of rounds with no node coming or going.
+
+    Whether one failure starts a storm depends on how the four joins interleave: in some
+    runs the node left over lands on the redundancy list and the job settles after one
+    round. So the test fails a member's workers up to :data:`STORM_TRIGGERS` times, each
+    time from a settled full round, and requires a storm after one of them (torch storms
+    after most; a correct handler after none)."""
     config = {**TIMINGS, "last_call_timeout": "1"}
     with torch_agents(tmp_path, tcp_store, 2, 3, config) as (group, watcher):
         for i in range(4):
             group.start(i, hold=True)
         for i in range(4):
             group.go(i)
-        state = watcher.until(
-            group,
-            "a full round and one node standing by",
-            lambda s: (
-                s.complete
-                and len(s.participants) == 3
-                and len(s.redundancy_list) == 1
-                and not s.wait_list
-            ),
-        )
-        group.wait_until(
-            "the members returned it",
-            lambda: sum(1 for i in group.procs if _returned(group, i, state.round)) == 3,
-        )
-        member = next(i for i in group.procs if _returned(group, i, state.round))
-        group.fail_worker(member)
-        group.wait_for(member, "restart")
-        reformed = watcher.until(
-            group, "the job re-formed", lambda s: s.complete and s.round > state.round
-        )
+        tries: list[str] = []
+        for _ in range(STORM_TRIGGERS):  # bounded: a storm ends the loop
+            state = watcher.until(
+                group,
+                "a full round and one node standing by",
+                lambda s: (
+                    s.complete
+                    and len(s.participants) == 3
+                    and len(s.redundancy_list) == 1
+                    and not s.wait_list
+                ),
+            )
+            group.wait_until("the members returned it", partial(_all_returned, group, state.round))
+            member = next(i for i in group.procs if _returned(group, i, state.round))
+            restarted = sum(1 for e in group.events(member) if e["ev"] == "restart")
+            group.fail_worker(member)
+            group.wait_for(member, "restart", after=restarted)
+            reformed = watcher.until(group, "the job re-formed", partial(_later, state.round))
 
-        start = time.time()
-        seen = watcher.watch(group, STORM_S)
-        rounds = seen[-1].round - reformed.round
-        restarts = [i for i, e in group.all_events() if e["ev"] == "restart" and e["t"] > start]
-        per_agent = {i: restarts.count(i) for i in group.procs}
-        assert rounds >= STORM_ROUNDS, f"{rounds} rounds in {STORM_S:g} s; restarts {per_agent}"
-        assert len(restarts) >= STORM_ROUNDS, f"restarts {per_agent}"
-        left_over = [
-            s for s in seen if s.complete and len(s.participants) == 3 and len(s.wait_list) == 1
-        ]
-        assert left_over, "no full round with a node left on the wait list"
+            start = time.time()
+            seen = watcher.watch(group, STORM_S)
+            rounds = seen[-1].round - reformed.round
+            restarts = [i for i, e in group.all_events() if e["ev"] == "restart" and e["t"] > start]
+            per_agent = {i: restarts.count(i) for i in group.procs}
+            left_over = [
+                s for s in seen if s.complete and len(s.participants) == 3 and len(s.wait_list) == 1
+            ]
+            tries.append(
+                f"{rounds} rounds in {STORM_S:g} s, restarts {per_agent}, "
+                f"{len(left_over)} states with a node left on the wait list"
+            )
+            if rounds >= STORM_ROUNDS and len(restarts) >= STORM_ROUNDS and left_over:
+                break
+        else:
+            pytest.fail(f"no restart storm after {STORM_TRIGGERS} worker failures: {tries}")
 
 
 def test_torch_counts_the_new_round_right_after_a_scale_up(
