@@ -82,6 +82,14 @@ STALE_WATCH_VALUE = b"-"
 hold decimal digits, so no read returns it and the next read starts that node's age afresh,
 as it would for the newer value in the key. Its first-seen time is :data:`STALE_SIGHTING`."""
 
+StoreRequest = Read | CompareAndSet | Wait | Announce | ReadAnnounced | Withdraw | Beat | ReadBeats
+"""A request a machine state waits on the store for (every request but Done and Fail)."""
+STORE_REQUESTS = (Read, CompareAndSet, Wait, Announce, ReadAnnounced, Withdraw, Beat, ReadBeats)
+
+NO_WAKE_UP_TIME = -1
+"""The ``until`` of a wait as the checker serves it: it keeps no wake-up time (see
+``_Run.pending``)."""
+
 MAX_LOCAL_STEPS = 32
 """Bound on machine steps one node takes within a single move (fused reads, and ops that
 chain into each other: exit, join, keep-alive, query); exceeding it raises."""
@@ -421,7 +429,9 @@ COUNT_REFLECTS_ROUND = "count_reflects_round"
 ROUND_END_REPORTED = "round_end_reported"
 RESTART_HAS_CAUSE = "restart_has_cause"
 JOBS_NEVER_MIX = "jobs_never_mix"
+REQUESTS_SERVED = "requests_served_as_sent"
 MODEL_PROPERTIES = (
+    REQUESTS_SERVED,
     COMPLETE_ROUND_NOT_EMPTY,
     COUNT_REFLECTS_ROUND,
     RESTART_HAS_CAUSE,
@@ -1047,53 +1057,96 @@ class _Run:
             self.procs[slot] = evolve_proc(p, control=local)
 
     # -- store ------------------------------------------------------------------------
-    def serve_io(self, slot: int, lane: Lane = Lane.MAIN) -> None:
+    def pending(self, slot: int, lane: Lane = Lane.MAIN) -> StoreRequest:
+        """The store request machine state ``lane`` of process ``slot`` waits on: the one
+        its phase and state imply, which is what :meth:`serve_io` serves. :meth:`feed`
+        requires every request the machine emits to equal it (:data:`REQUESTS_SERVED`), so
+        the checker serves exactly what the machine asked for. Only the token of a pending
+        compare-and-set or wait may change before it is served: a write by another machine
+        state makes it stale (:meth:`write`), as a real store's version would. A wait's
+        ``until`` is the machine's own: the checker keeps none (:data:`NO_WAKE_UP_TIME`), as
+        it wakes a waiting node at every tick and on every store change, no later than any
+        wake-up time (waking early is allowed); a wait is compared by key and token."""
         p = self.procs[slot]
         local = self.lane(slot, lane)
+        phase = local.phase
+        if phase is Phase.READING:
+            return Read(self.mcfg.key)
+        if phase is Phase.WRITING:
+            data = encode_cached(local.view, self.mcfg.variant.name)
+            return CompareAndSet(self.mcfg.key, data, local.token)
+        if phase is Phase.WAITING:
+            return Wait(self.mcfg.key, local.token, NO_WAKE_UP_TIME)
+        if phase is Phase.ANNOUNCING:
+            return Announce(local.view.round, spec.encode_node(p.ident))
+        if phase is Phase.WITHDRAWING:
+            return Withdraw(local.view.round, spec.encode_node(p.ident))
+        if phase is Phase.READING_ANNOUNCED:
+            return ReadAnnounced(local.view.round)
+        if phase is Phase.BEATING:
+            return Beat(str(spec.next_beat(local, self.mcfg)).encode("ascii"))
+        if phase is Phase.WATCHING:
+            return ReadBeats(spec.watched(local.view, p.ident))
+        raise RuntimeError(f"process {slot} has no store request pending in phase {phase}")
+
+    def check_request(self, slot: int, lane: Lane, request: StoreRequest) -> None:
+        """Report (:data:`REQUESTS_SERVED`) a request the machine emitted that differs
+        from the one the checker will serve for it."""
+        served = self.pending(slot, lane)
+        if isinstance(request, Wait) and isinstance(served, Wait):
+            # The checker keeps no wake-up time: compare what it serves the wait by.
+            same = (request.key, request.token) == (served.key, served.token)
+        else:
+            same = request == served
+        if not same:
+            self.violate(
+                REQUESTS_SERVED,
+                f"{self.procs[slot].ident} asked the store for {request!r} but its state "
+                f"implies {served!r}: the checker would serve a request the node never sent",
+            )
+
+    def serve_io(self, slot: int, lane: Lane = Lane.MAIN) -> None:
+        p = self.procs[slot]
+        request = self.pending(slot, lane)
         now = self.now(p)
-        if local.phase is Phase.READING:
+        if isinstance(request, Read):
             token = None if self.store is None else 1
             self.feed(slot, ReadResult(self.store, token, now), lane)
             return
-        if local.phase is Phase.ANNOUNCING:
-            entry = (local.view.round, p.ident)
+        if isinstance(request, Announce):
+            entry = (request.round, spec.decode_node(request.member))
             if entry not in self.announced:
                 self.announced = tuple(sorted((*self.announced, entry)))
-                self.note(f"announcements <- {p.ident} in round {local.view.round}")
-                self.writes.append((f"announcements/{local.view.round}", "add", str(p.ident)))
-            size = sum(1 for r, _ in self.announced if r == local.view.round)
+                self.note(f"announcements <- {entry[1]} in round {request.round}")
+                self.writes.append((f"announcements/{request.round}", "add", str(entry[1])))
+            size = sum(1 for r, _ in self.announced if r == request.round)
             self.feed(slot, Announced(size, now), lane)
             return
-        if local.phase is Phase.BEATING:
-            value = str(spec.next_beat(local, self.mcfg)).encode("ascii")
+        if isinstance(request, Beat):
             others = tuple(entry for entry in self.beats if entry[0] != p.ident)
-            self.beats = tuple(sorted((*others, (p.ident, value))))
-            self.writes.append((f"heartbeat/{p.ident}", "set", value.decode("ascii")))
+            self.beats = tuple(sorted((*others, (p.ident, request.value))))
+            self.writes.append((f"heartbeat/{p.ident}", "set", request.value.decode("ascii")))
             if not p.beating:
                 self.procs[slot] = evolve_proc(p, beating=True)
             self.feed(slot, Beaten(now), lane)
             return
-        if local.phase is Phase.WATCHING:
+        if isinstance(request, ReadBeats):
             table = dict(self.beats)
-            nodes = spec.watched(local.view, p.ident)
-            self.feed(slot, BeatValues(tuple(table.get(n) for n in nodes), now), lane)
+            self.feed(slot, BeatValues(tuple(table.get(n) for n in request.nodes), now), lane)
             return
-        if local.phase is Phase.READING_ANNOUNCED:
-            members = tuple(spec.encode_node(n) for r, n in self.announced if r == local.view.round)
+        if isinstance(request, ReadAnnounced):
+            members = tuple(spec.encode_node(n) for r, n in self.announced if r == request.round)
             self.feed(slot, AnnouncedMembers(members, now), lane)
             return
-        if local.phase is Phase.WITHDRAWING:
-            entry = (local.view.round, p.ident)
+        if isinstance(request, Withdraw):
+            entry = (request.round, spec.decode_node(request.member))
             if entry in self.announced:
                 self.announced = tuple(e for e in self.announced if e != entry)
-                self.note(f"announcements -> {p.ident} out of round {local.view.round}")
-                self.writes.append((f"announcements/{local.view.round}", "remove", str(p.ident)))
+                self.note(f"announcements -> {entry[1]} out of round {request.round}")
+                self.writes.append((f"announcements/{request.round}", "remove", str(entry[1])))
             self.feed(slot, Withdrawn(now), lane)
             return
-        assert local.phase is Phase.WRITING
-        request = CompareAndSet(
-            self.mcfg.key, encode_cached(local.view, self.mcfg.variant.name), local.token
-        )
+        assert isinstance(request, CompareAndSet), f"a wait is served by ticks: {request!r}"
         current = None if self.store is None else 1
         ok = request.token == current or self.cfg.cas_ignores_token
         if ok:
@@ -1156,21 +1209,13 @@ class _Run:
                 self.rows.append((str(p.ident), table, number, result.action.value))
                 self.on_action(slot, result.action, op)
             request = result.request
+            if isinstance(request, STORE_REQUESTS):
+                self.check_request(slot, lane, request)
             if isinstance(request, Read) and self.fuse_reads:
                 # Macro-step: a read is fused with the local work that issued it.
                 event = ReadResult(self.store, None if self.store is None else 1, self.now(p))
                 continue
-            if isinstance(
-                request,
-                Read
-                | CompareAndSet
-                | Wait
-                | Announce
-                | ReadAnnounced
-                | Withdraw
-                | Beat
-                | ReadBeats,
-            ):
+            if isinstance(request, STORE_REQUESTS):
                 return
             nxt = self.after_op(slot, lane, request)
             if nxt is None:
