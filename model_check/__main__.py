@@ -309,6 +309,8 @@ def _parser() -> argparse.ArgumentParser:
         choices=WORKLOADS,
         default=AGENT_WORKLOAD,
         help="agent: members poll num_nodes_waiting() at any moment, as torch's agent does; "
+        "monitor: the same, but every member polls at least once per tick, as torch's "
+        "monitor loop does (for liveness: no agent skips polls for a whole join timeout); "
         "ticks: once per tick, after their keep-alive (fewer interleavings, for large N) "
         "(default agent)",
     )

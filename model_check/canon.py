@@ -85,7 +85,7 @@ ENCODED_FIELDS: dict[str, frozenset[str]] = {
     "Proc": frozenset(
         {
             *("ident", "pc", "local", "control", "skew", "returned", "outcome", "beating"),
-            *("late", "stood_by", "next_job"),
+            *("late", "stood_by", "next_job", "polled"),
         }
     ),
     "Completion": frozenset({"round", "world_size", "waiting"}),
@@ -209,7 +209,10 @@ def _proc_record(p: Proc, ranks: bool, keep_view: bool, keep_control: bool) -> _
     local, control = p.local, p.control
     r = p.returned
     returned = None if r is None else (r.round, r.world_size, r.rank if ranks else None)
-    head = (int(p.pc), p.skew, returned, p.outcome, p.beating, p.late, p.stood_by, p.next_job)
+    head = (
+        *(int(p.pc), p.skew, returned, p.outcome, p.beating, p.late, p.stood_by, p.next_job),
+        p.polled,
+    )
     if p.pc in (Pc.CRASHED, Pc.ENDED):
         return _Record(repr(("proc", *head)), ((p.ident, "self"),))
     listed = _members(local.view) if keep_view else set()

@@ -135,7 +135,10 @@ BEATING_PCS = frozenset({Pc.MEMBER, Pc.POLL})
 
 AGENT_WORKLOAD = "agent"
 TICKS_WORKLOAD = "ticks"
-WORKLOADS = (AGENT_WORKLOAD, TICKS_WORKLOAD)
+MONITOR_WORKLOAD = "monitor"
+WORKLOADS = (AGENT_WORKLOAD, TICKS_WORKLOAD, MONITOR_WORKLOAD)
+POLLING_WORKLOADS = frozenset({AGENT_WORKLOAD, MONITOR_WORKLOAD})
+"""The workloads whose members poll at any moment (a ``poll`` move)."""
 """The agent workloads the model offers (:attr:`ModelConfig.workload`)."""
 
 
@@ -193,7 +196,11 @@ class ModelConfig:
     workers run (every interleaving of a poll with everything else). ``"ticks"``: each
     member polls once per tick, right after its keep-alive: far fewer interleavings (an
     under-approximation: it finds fewer counterexamples, but every one is real), for
-    large N and for the checker's own tests."""
+    large N and for the checker's own tests. ``"monitor"``: torch's agent with its monitor
+    loop, which polls every ``monitor_interval`` (0.1 s by default, far below a tick):
+    polls at any moment as in ``"agent"``, but every member polls at least once between
+    two ticks, so no agent sits through a whole join timeout without polling (``"agent"``
+    allows that, and its liveness counterexamples may rest on it)."""
     share_views: bool = True
     """An operation starts from the view of the process's other machine state when that
     one is newer (``StartOp.known``), as the handler does. Off: the planted handler bug
@@ -345,6 +352,9 @@ class Proc:
     next_job: bool = False
     """An agent of the next job under the same run id: it calls next_rendezvous only
     once some agent of the first job has called shutdown (``ModelConfig.next_job``)."""
+    polled: bool = False
+    """Has started a poll since the last tick (the ``"monitor"`` workload only: a tick
+    waits for every member to have polled; always False otherwise)."""
     _hash: int | None = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     def __hash__(self) -> int:
@@ -638,7 +648,7 @@ def enabled(world: World, cfg: ModelConfig) -> list[Move]:
         if p.pc is Pc.NEW and (world.closes > 0 or not p.next_job):
             moves.append(Move("start", slot))
         if p.pc is Pc.MEMBER:
-            if cfg.workload == AGENT_WORKLOAD:
+            if cfg.workload in POLLING_WORKLOADS:
                 moves.append(Move("poll", slot))
             if world.worker_failures < cfg.worker_failures:
                 moves.append(Move("fail_worker", slot))
@@ -655,7 +665,7 @@ def enabled(world: World, cfg: ModelConfig) -> list[Move]:
         moves.append(Move("store_outage"))
     if any(p.pc is Pc.NEW and not p.late for p in world.procs):
         blocked = False  # these agents are launched before time first advances
-    if blocked and _time_matters(world):
+    if blocked and _time_matters(world) and not _poll_owed(world, cfg):
         moves.append(Move("tick"))
     return moves
 
@@ -673,6 +683,14 @@ def _outage_hits(world: World) -> bool:
             return False
         hits = hits or p.local.phase in _IO_PHASES or p.control.phase in _IO_PHASES
     return hits
+
+
+def _poll_owed(world: World, cfg: ModelConfig) -> bool:
+    """Under the ``"monitor"`` workload, whether a member has not polled since the last
+    tick: time waits for its poll (its monitor interval is shorter than a tick)."""
+    if cfg.workload != MONITOR_WORKLOAD:
+        return False
+    return any(p.pc is Pc.MEMBER and not p.polled for p in world.procs)
 
 
 def _time_matters(world: World) -> bool:
@@ -1241,7 +1259,10 @@ class _Run:
 
     def start_poll(self, slot: int) -> tuple[Lane, StartOp]:
         """The agent calls num_nodes_waiting() (a query on the control machine state)."""
-        self.set(slot, pc=Pc.POLL)
+        if self.cfg.workload == MONITOR_WORKLOAD:
+            self.set(slot, pc=Pc.POLL, polled=True)
+        else:
+            self.set(slot, pc=Pc.POLL)
         self.note(f"{self.procs[slot].ident}: calls num_nodes_waiting")
         return Lane.CONTROL, self.start_op(slot, Lane.CONTROL, Op.QUERY, self.cfg.close_ticks)
 
@@ -1700,6 +1721,7 @@ def _tick(run: _Run) -> None:
             p,
             local=_shift_local(p.local, cfg, lo_wall, shift, stored_before, stored_after),
             control=_shift_local(p.control, cfg, lo_wall, shift, stored_before, stored_after),
+            polled=False,
         )
     for slot, p in enumerate(run.procs):
         now = run.now(p)
