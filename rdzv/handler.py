@@ -966,6 +966,19 @@ class _Outage:
             ) from error
 
 
+def next_keep_alive(due: float, now: float, interval: float) -> float:
+    """When the keep-alive after the one due at ``due`` (started at ``now``) is due.
+
+    The timer runs at a fixed rate: one ``interval`` after the previous keep-alive was
+    due, whatever that one's own duration (up to ``heartbeat_timeout``), so a slow store
+    call does not push every later heartbeat back; one that started more than an interval
+    late (a paused process) moves the schedule to ``now`` instead of firing a burst to
+    catch up. Two keep-alive writes of a live node are then at most one interval plus one
+    keep-alive's duration apart; sleeping an interval after each keep-alive ended (as
+    before) added the duration of the previous one as well."""
+    return max(due, now) + interval
+
+
 class _Heartbeat:
     """The keep-alive timer: a daemon thread holding the handler only weakly.
 
@@ -996,13 +1009,15 @@ class _Heartbeat:
         # Bounded by ``stopping``: set on shutdown, on the next rendezvous, and when the
         # handler is garbage-collected (then ``self._ref()`` is None as well).
         failing = False
+        due = self._clock.monotonic() + self._interval
         while not self.stopping.is_set():
-            if self._clock.sleep(self._interval, self.stopping):
+            if self._clock.sleep(due - self._clock.monotonic(), self.stopping):
                 return
             handler = self._ref()
             if handler is None:
                 return
             try:
+                due = next_keep_alive(due, self._clock.monotonic(), self._interval)
                 handler._keep_alive(self.stopping)
                 if failing:
                     logger.info("keep-alive of node %s succeeds again", handler.node)
