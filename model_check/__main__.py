@@ -48,6 +48,8 @@ from model_check.model import (
     CALLS_END,
     LIVELOCK,
     MODEL_PROPERTIES,
+    MONITOR_WORKLOAD,
+    TICKS_WORKLOAD,
     WORKLOADS,
     Faults,
     ModelConfig,
@@ -701,7 +703,7 @@ def headline(params: dict[str, Any], given: set[str]) -> str:
         f"{params['max_nodes']}), {params['max_rounds']} rounds, {params['closes']} "
         f"shutdown{'s' if params['closes'] != 1 else ''}, "
         f"{params['worker_failures']} worker failure{'s' if params['worker_failures'] != 1 else ''}"
-        " (the agents poll num_nodes_waiting() and restart as torch's do)"
+        f" ({WORKLOAD_TEXT[params['workload']]})"
     )
     if params["late_starts"]:
         world += ", every agent may start late"
@@ -992,6 +994,16 @@ def load_trace(path: Path) -> tuple[list[str], str, list[Move]]:
             path, "moves", 'a list of [kind, process] pairs such as [["start", 0], ["tick", -1]]'
         )
     return argv, name, [Move(kind, slot) for kind, slot in raw]
+
+
+WORKLOAD_TEXT = {
+    AGENT_WORKLOAD: "the agents poll num_nodes_waiting() and restart as torch's do",
+    MONITOR_WORKLOAD: "the agents poll num_nodes_waiting() at least once per tick and "
+    "restart as torch's do",
+    TICKS_WORKLOAD: "each member polls num_nodes_waiting() once per tick, after its "
+    "keep-alive, and restarts as torch's agent does",
+}
+"""How the first line of a run describes each workload."""
 
 
 def _replay_main(path_text: str, as_json: bool) -> int:
