@@ -78,6 +78,7 @@ from rdzv.torch_compat import (
     store_timeouts,
 )
 from spec.codec import check_protocol, decode_with_protocol
+from spec.invariants import check_state, check_step
 from spec.machine import (
     CORRUPT_ANNOUNCEMENTS,
     Announce,
@@ -114,7 +115,7 @@ from spec.machine import (
     step,
 )
 from spec.settings import Settings
-from spec.state import Millis, NodeId, RendezvousState
+from spec.state import EMPTY_STATE, Millis, NodeId, RendezvousState
 from spec.variants import KEY_BEATS, LOCAL, Variant, get_variant
 from spec.vocabulary import FailKind, Op
 
@@ -141,6 +142,82 @@ T = TypeVar("T")
 MAX_WAIT_SLICE = 1.0
 """Seconds: the longest single blocking wait for a state change before the clock is
 looked at again (a missed change notification costs at most this)."""
+CHECK_INVARIANTS_ENV = "RDZV_CHECK_INVARIANTS"
+"""Set to ``1`` to check :mod:`spec.invariants` on every state a node reads and every
+state it is about to write (:class:`InvariantChecker`); the test suite runs with it on.
+Off (unset or ``0``) by default: it decodes each state once more."""
+
+
+def invariant_checks_on() -> bool:
+    """Whether :data:`CHECK_INVARIANTS_ENV` turns the invariant checks on."""
+    value = os.environ.get(CHECK_INVARIANTS_ENV, "")
+    if value not in ("", "0", "1"):
+        raise RendezvousError(
+            f"{CHECK_INVARIANTS_ENV} is {value!r}; set it to 1 (check spec.invariants on "
+            f"every state read or written) or 0 (do not), or unset it"
+        )
+    return value == "1"
+
+
+class InvariantChecker:
+    """Checks :mod:`spec.invariants` on what one node's driver reads and writes.
+
+    Every state the node reads (a read's or a compare-and-set's answer) must satisfy the
+    state invariants; every state it is about to write must satisfy them and, when it
+    writes over the state it last saw (same token), the step invariants from that state.
+    A violation raises :class:`RendezvousStateError` before the write is sent."""
+
+    def __init__(self, node: NodeId, config: Config) -> None:
+        self.node = node
+        self.config = config
+        self.seen: tuple[RendezvousState, Any] | None = None
+        """The last state this node saw in the store, with its token."""
+
+    def _decode(self, data: bytes) -> RendezvousState | None:
+        try:
+            return self.config.decode(data, self.config.variant.name)
+        except Exception:  # a corrupt or foreign state: the machine itself reports it
+            return None
+
+    def _fail(self, what: str, problems: list[tuple[str, str]]) -> None:
+        if problems:
+            text = "; ".join(f"{name}: {why}" for name, why in problems)
+            raise RendezvousStateError(
+                f"node {self.node}: {what} breaks the protocol's invariants ({text}); "
+                f"this is a bug in rdzv (or the store holds a state no rdzv node writes), "
+                f"please report it with the state's key ({CHECK_INVARIANTS_ENV}=1 turned "
+                f"this check on)"
+            )
+
+    def saw(self, event: Event) -> None:
+        """Check a state the store answered with."""
+        if not isinstance(event, ReadResult | CasResult):
+            return
+        if event.data is None:
+            self.seen = (EMPTY_STATE, event.token)
+            return
+        state = self._decode(event.data)
+        if state is None:
+            self.seen = None
+            return
+        self.seen = (state, event.token)
+        self._fail("the state it read", check_state(state, self.config.settings))
+
+    def writes(self, request: CompareAndSet) -> None:
+        """Check a state the node is about to write."""
+        after = self._decode(request.data)
+        if after is None:
+            raise RendezvousStateError(
+                f"node {self.node} is about to write a state it cannot decode itself; this "
+                f"is a bug in rdzv, please report it"
+            )
+        if self.seen is not None and self.seen[1] == request.token:
+            problems = check_step(self.seen[0], after, self.config.settings)
+        else:
+            problems = check_state(after, self.config.settings)
+        self._fail("the state it is about to write", problems)
+
+
 MAX_STEPS_PER_OP = 1_000_000
 """Safety net on machine steps in one operation; deadlines end operations long before."""
 BACKOFF_BASE = 0.0005
@@ -543,6 +620,7 @@ class NodeDriver:
         self._conflict: _Conflict | None = None
         self._conflicts = 0
         self._io_error: BaseException | None = None
+        self._checker = InvariantChecker(node, config) if invariant_checks_on() else None
 
     # -- feeding the machine ------------------------------------------------------------
     def _feed(self, event: Event) -> None:
@@ -558,6 +636,10 @@ class NodeDriver:
         self.narrator.tell(self, before, event, result)
         self.local = result.local
         self.request = result.request
+        if self._checker is not None:
+            self._checker.saw(event)
+            if isinstance(result.request, CompareAndSet):
+                self._checker.writes(result.request)
 
     def start(
         self,

@@ -10,6 +10,10 @@ import os
 
 from hypothesis import HealthCheck, settings
 
+# Every handler of the test run, in this process and in the processes it starts (they
+# inherit the environment), checks spec.invariants on each state it reads or writes.
+os.environ["RDZV_CHECK_INVARIANTS"] = "1"
+
 settings.register_profile(
     "ci",
     derandomize=True,
