@@ -137,9 +137,9 @@ AGENT_WORKLOAD = "agent"
 TICKS_WORKLOAD = "ticks"
 MONITOR_WORKLOAD = "monitor"
 WORKLOADS = (AGENT_WORKLOAD, TICKS_WORKLOAD, MONITOR_WORKLOAD)
+"""The agent workloads the model offers (:attr:`ModelConfig.workload`)."""
 POLLING_WORKLOADS = frozenset({AGENT_WORKLOAD, MONITOR_WORKLOAD})
 """The workloads whose members poll at any moment (a ``poll`` move)."""
-"""The agent workloads the model offers (:attr:`ModelConfig.workload`)."""
 
 
 class Lane(enum.IntEnum):
