@@ -665,8 +665,6 @@ def headline(params: dict[str, Any], given: set[str]) -> str:
     """What this run checks and why, in plain words (line one, after ``model_check
     checks``): the protocol and whether the handler runs it, the faults, the search and
     its bounds. ``given``: the options spelled out, so that a default can say it is one."""
-    from rdzv.api import DEFAULT_PROTOCOL  # the handler's default: light to import
-
     name = params["protocol"]
     default = (
         " (the default of --protocol: torch's own protocol, to show what the checker finds in it)"
@@ -675,8 +673,8 @@ def headline(params: dict[str, Any], given: set[str]) -> str:
     )
     handler = (
         "the protocol rdzv's handler runs by default"
-        if name == DEFAULT_PROTOCOL
-        else f"rdzv's handler runs {DEFAULT_PROTOCOL} by default"
+        if name == spec.variants.DEFAULT_PROTOCOL
+        else f"rdzv's handler runs {spec.variants.DEFAULT_PROTOCOL} by default"
     )
     protocol = f"protocol {name}{default}: {_summary_of(_variant(name))}; {handler}"
     faults = [f"{k.replace('_', '-')} {v}" for k, v in params["faults"].items() if v]

@@ -34,6 +34,7 @@ from rdzv.store import Store
 from rdzv.stores.url import redact
 from spec.settings import Settings, SettingsError
 from spec.state import MAX_ADDR_LEN, NodeId, valid_addr
+from spec.variants import DEFAULT_PROTOCOL
 
 __all__ = [
     "DEFAULT_CACHE_DURATION",
@@ -62,13 +63,6 @@ DEFAULT_KEEP_ALIVE_MAX_ATTEMPT = 3
 """Missed heartbeats after which a node is pruned as dead (torch's default)."""
 DEFAULT_CACHE_DURATION = 1.0
 """Seconds a node reuses its last read of the state (torch's default)."""
-DEFAULT_PROTOCOL = "scale"
-"""The protocol variant (``spec.variants``) a handler runs unless told otherwise: ``scale``,
-which has every guarantee of ``hardened`` and joins and beats without contention (one
-compare-and-set per round, heartbeats under per-node keys), so it reaches 1,024 nodes where
-``hardened`` does not (docs/benchmarks.md). It needs a backend that keeps announcement sets
-and heartbeat keys (every rdzv store) and a state that never expires; where either is
-missing, the default is :data:`FALLBACK_PROTOCOL` instead (:func:`rdzv.handler.default_variant`)."""
 FALLBACK_PROTOCOL = "hardened"
 """The default over a backend that cannot run :data:`DEFAULT_PROTOCOL`: torch's own backends
 (``C10dRendezvousBackend``), a bare ``torch.distributed.Store``, a backend of your own that

@@ -576,6 +576,17 @@ VARIANTS: Mapping[str, Variant] = MappingProxyType(
 """Every named variant, by name."""
 
 
+DEFAULT_PROTOCOL = "scale"
+"""The variant rdzv's handler runs unless told otherwise: ``scale``, which has every
+guarantee of ``hardened`` and joins and beats without contention (one compare-and-set per
+round, heartbeats under per-node keys), so it reaches 1,024 nodes where ``hardened`` does not
+(docs/benchmarks.md). It needs a backend that keeps announcement sets and heartbeat keys
+(every rdzv store) and a state that never expires; where either is missing, the handler
+falls back to ``rdzv.api.FALLBACK_PROTOCOL`` (``rdzv.handler.default_variant``). It lives
+here, not in ``rdzv``, so that the model checker can name it without importing the handler
+(and, through it, torch)."""
+
+
 def get_variant(name: str) -> Variant:
     """The variant called ``name``; a ``ValueError`` lists the known names otherwise."""
     try:

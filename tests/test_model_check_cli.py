@@ -496,3 +496,22 @@ def test_a_closed_stdout_ends_the_run_without_a_traceback() -> None:
     finally:
         os.close(write_end)
     assert (done.returncode, done.stderr) == (141, "")
+
+
+def test_the_checker_imports_neither_the_handler_nor_torch(tmp_path: Path) -> None:
+    # The main job must start in well under a second: importing rdzv imports torch when torch
+    # is installed (seconds), and the checker needs nothing of either.
+    code = (
+        "import sys\n"
+        "from model_check.__main__ import main\n"
+        "code = main(['--nodes', '2', '--quiet', '--trace-out', sys.argv[1]])\n"
+        "print(sorted(m for m in ('rdzv', 'torch') if m in sys.modules), code)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "trace.json")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout.splitlines()[-1]
+    assert out == "[] 1"
