@@ -1008,11 +1008,16 @@ def rotate_beat_values(world: World, modulus: int = BEAT_MODULUS) -> World:
     return replace(world, procs=tuple(procs), beats=keys)
 
 
+StepObserver = Callable[[int, "Lane", spec.Event, spec.Step], None]
+"""Told of each machine step a move takes: process slot, machine state, event, step."""
+
+
 class _Run:
     """Mutable scratch for one move: the procs being rewritten and the observations."""
 
-    def __init__(self, world: World, cfg: ModelConfig) -> None:
+    def __init__(self, world: World, cfg: ModelConfig, observe: StepObserver | None = None) -> None:
         self.cfg = cfg
+        self.observe = observe
         self.mcfg = cfg.machine_config
         self.before = world
         self.store = world.store
@@ -1215,6 +1220,8 @@ class _Run:
             local = self.lane(slot, lane)
             op = event.op if isinstance(event, StartOp) else local.op
             result = spec.step(local, event, self.mcfg)
+            if self.observe is not None:
+                self.observe(slot, lane, event, result)
             self.set_lane(slot, lane, result.local)
             p = self.procs[slot]
             if result.pruned:
@@ -1252,10 +1259,9 @@ class _Run:
         now = self.now(p)
         if deadline is None:
             deadline = now.mono + ticks * self.cfg.tick_ms
-        peer = p.control if lane is Lane.MAIN else p.local
-        sightings = None if lane is Lane.MAIN else p.local.seen_beats
-        known = spec.known_of(peer) if self.cfg.share_views else None
-        return StartOp(op, deadline, now, sightings, known)
+        control = lane is Lane.CONTROL
+        peer = p.local if control else p.control
+        return spec.start_event(op, deadline, now, peer, control, self.cfg.share_views)
 
     def start_poll(self, slot: int) -> tuple[Lane, StartOp]:
         """The agent calls num_nodes_waiting() (a query on the control machine state)."""
@@ -1683,16 +1689,9 @@ def _shift_state(state: RendezvousState, cfg: ModelConfig, lo_wall: int) -> Rend
         deadline = max(deadline - t, lo_wall - t)
     if beats == state.last_heartbeats and deadline == state.deadline:
         return state
-    return RendezvousState(
-        round=state.round,
-        complete=state.complete,
-        closed=state.closed,
-        deadline=deadline,
-        participants=state.participants,
-        wait_list=state.wait_list,
-        redundancy_list=state.redundancy_list,
-        last_heartbeats=beats,
-    )
+    # Every other field as it was (an earlier version rebuilt the state field by field and
+    # lost the epoch at every tick: found by tests/test_lockstep.py).
+    return replace(state, deadline=deadline, last_heartbeats=beats)
 
 
 def _tick(run: _Run) -> None:
@@ -1797,9 +1796,13 @@ def _shift_local(
 
 
 # -- the move function -------------------------------------------------------------------
-def apply(world: World, move: Move, cfg: ModelConfig) -> Outcome:
-    """Perform ``move`` (which must be enabled) and return the next world."""
-    run = _Run(world, cfg)
+def apply(
+    world: World, move: Move, cfg: ModelConfig, observe: StepObserver | None = None
+) -> Outcome:
+    """Perform ``move`` (which must be enabled) and return the next world. ``observe``
+    is told every machine step the move takes, in order (slot, machine state, event,
+    step): tests/lockstep.py holds the real handler's drivers to them."""
+    run = _Run(world, cfg, observe)
     kind, slot = move.kind, move.slot
     t = cfg.tick_ms
     lane = Lane.CONTROL if kind in MAIN_MOVES else Lane.MAIN

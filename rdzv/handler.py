@@ -110,8 +110,8 @@ from spec.machine import (
     Withdrawn,
     WokeUp,
     adopt_job,
-    known_of,
     nodes_waiting,
+    start_event,
     step,
 )
 from spec.settings import Settings
@@ -616,6 +616,9 @@ class NodeDriver:
         self.run_id = run_id
         self.local = Local(node)
         self.request: Request | None = None
+        self.last_step: Step | None = None
+        """The machine's latest step (its row, action and request), for tests that hold
+        the driver to the model checker's node (tests/lockstep.py)."""
         self.stats = IoStats()
         self._conflict: _Conflict | None = None
         self._conflicts = 0
@@ -636,6 +639,7 @@ class NodeDriver:
         self.narrator.tell(self, before, event, result)
         self.local = result.local
         self.request = result.request
+        self.last_step = result
         if self._checker is not None:
             self._checker.saw(event)
             if isinstance(result.request, CompareAndSet):
@@ -650,10 +654,21 @@ class NodeDriver:
     ) -> None:
         """Start ``op``, to end by the monotonic instant ``deadline`` (milliseconds);
         ``sightings`` and ``known`` as in :class:`~spec.machine.StartOp`."""
+        self.start_with(StartOp(op, deadline, now_of(self.clock), sightings, known))
+
+    def start_with(self, event: StartOp) -> None:
+        """Start the operation ``event`` describes (its ``now`` read from this driver's
+        clock)."""
         self._conflict = None
         self._conflicts = 0
         self._io_error = None
-        self._feed(StartOp(op, deadline, now_of(self.clock), sightings, known))
+        self._feed(event)
+
+    def wake(self) -> None:
+        """End the pending wait now, as a change of the state or its wake-up time would
+        (waking early is allowed: the machine reads and decides again)."""
+        assert isinstance(self.request, Wait), f"no wait pending: {self.request!r}"
+        self._feed(WokeUp(now_of(self.clock)))
 
     def deadline_after(self, timeout: Millis) -> Millis:
         return now_of(self.clock).mono + timeout
@@ -1703,6 +1718,17 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return self._driver
 
     @property
+    def control_driver(self) -> NodeDriver:
+        """The machine state that runs queries and closes (:attr:`driver` runs exits,
+        joins and keep-alives)."""
+        return self._control
+
+    def start_on(self, driver: NodeDriver, op: Op, deadline: Millis) -> None:
+        """Start ``op`` on ``driver`` (:attr:`driver` or :attr:`control_driver`) as the
+        handler itself does, without running it: for tests that step a node by hand."""
+        self._start(op, deadline, driver)
+
+    @property
     def heartbeat_thread(self) -> threading.Thread | None:
         """The running keep-alive thread, if any."""
         current = self._heartbeats.current
@@ -1719,9 +1745,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # The other machine state is read without its lock: a Local is an immutable value,
         # so this is one consistent snapshot. Queries and closes judge heartbeats by the
         # main one's liveness clock; either starts from the other's view when it is newer.
-        peer = self._control if driver is self._driver else self._driver
-        sightings = None if driver is self._driver else peer.local.seen_beats
-        driver.start(op, deadline, sightings, known_of(peer.local))
+        self._start(op, deadline, driver)
         try:
             driver.run()
         except OperationFailed as failed:
@@ -1733,6 +1757,13 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 self._state_key(),
                 self._backend.announcement_set_name,
             ) from failed.cause
+
+    def _start(self, op: Op, deadline: Millis, driver: NodeDriver) -> None:
+        """Start ``op`` on ``driver`` (one of this handler's two), from what the other one
+        knows (:func:`spec.machine.start_event`)."""
+        control = driver is self._control
+        peer = self._driver if control else self._control
+        driver.start_with(start_event(op, deadline, now_of(driver.clock), peer.local, control))
 
     def _control_op(self, op: Op) -> RendezvousState:
         """Run a query or a close on the control machine (never waits for a join) and

@@ -88,6 +88,7 @@ from spec.machine import (
     next_beat,
     next_timer,
     nodes_waiting,
+    start_event,
     step,
     watched,
 )
@@ -209,6 +210,7 @@ __all__ = [
     "row",
     "sanitize",
     "sanitize_ending_broken_rounds",
+    "start_event",
     "step",
     "watched",
 ]

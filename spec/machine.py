@@ -529,6 +529,21 @@ def known_of(local: Local) -> Known | None:
     return Known(local.view, local.token, local.synced_at, local.job)
 
 
+def start_event(
+    op: Op, deadline: Millis, now: Now, peer: Local, control: bool, share_views: bool = True
+) -> StartOp:
+    """The event that starts ``op`` on one of a node's two machine states, given the
+    other one (``peer``): the control machine state (``control``: queries and closes)
+    borrows the main one's liveness clock (its ``seen_beats``), and either starts from
+    the other's view when it is newer (:func:`known_of`). The handler and the model
+    checker both start every operation through this. ``share_views=False`` is the planted
+    handler bug of an early rdzv (a query counted from its own cache, older than the
+    round its node had just joined)."""
+    sightings = peer.seen_beats if control else None
+    known = known_of(peer) if share_views else None
+    return StartOp(op, deadline, now, sightings, known)
+
+
 def adopt_job(local: Local, job: int | None) -> Local:
     """``local`` with ``job``, the job the node's other machine state has fixed, if
     ``local`` has none yet (it has seen no state); unchanged otherwise. A node belongs to
