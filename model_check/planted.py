@@ -72,6 +72,7 @@ IGNORES_MIN = UPSTREAM.derive(
     ),
     rows={
         (Op.JOIN, _COMPLETION): row(
+            "planted_complete_at_once",
             ~Atom.COMPLETE,
             Atom.PARTICIPANT,
             then=Action.MARK_RENDEZVOUS_COMPLETE,
@@ -89,6 +90,7 @@ NO_SIZE_GUARD = UPSTREAM.derive(
     ),
     rows={
         (Op.JOIN, _COMPLETION): row(
+            "planted_complete_any_size",
             ~Atom.COMPLETE,
             Atom.PARTICIPANT,
             Atom.LAST_CALL_OVER,
@@ -126,6 +128,7 @@ BUSY_KEEP_ALIVE = UPSTREAM.derive(
     ),
     insert={
         (Op.JOIN, _sync_row_index()): row(
+            "planted_busy_keep_alive",
             ~Atom.COMPLETE,
             Atom.PARTICIPANT,
             then=Action.KEEP_ALIVE,
@@ -150,6 +153,7 @@ NEVER_FINISHES = UPSTREAM.derive(
     ),
     insert={
         (Op.JOIN, _join_row_index(Action.FINISH)): row(
+            "planted_keep_alive_when_complete",
             Atom.COMPLETE,
             Atom.PARTICIPANT,
             Atom.HEARTBEAT_DUE,
@@ -159,6 +163,7 @@ NEVER_FINISHES = UPSTREAM.derive(
     },
     rows={
         (Op.JOIN, _join_row_index(Action.FINISH)): row(
+            "planted_wait_when_complete",
             Atom.COMPLETE,
             Atom.PARTICIPANT,
             then=Action.SYNC,
@@ -319,6 +324,7 @@ REOPEN_UNDER_MEMBERS = HARDENED.derive(
     ),
     rows={
         (Op.JOIN, _hardened_join_row(Action.REOPEN, Atom.NEWCOMER)): row(
+            "planted_reopen_under_members",
             Atom.CLOSED,
             Atom.NEWCOMER,
             then=Action.REOPEN,

@@ -366,11 +366,13 @@ HARDENED = UPSTREAM.derive(
     insert={
         (Op.JOIN, 0): (
             row(
+                "later_job",
                 Atom.LATER_JOB,
                 then=Action.ERROR_CLOSED,
                 why="this node's job was closed, and a new job has reopened the run since",
             ),
             row(
+                "reopen_vacant_run",
                 Atom.CLOSED,
                 Atom.NEWCOMER,
                 Atom.VACANT,
@@ -378,6 +380,7 @@ HARDENED = UPSTREAM.derive(
                 why="the job that closed this run id has ended: start a new one",
             ),
             row(
+                "newcomer_wait",
                 Atom.CLOSED,
                 Atom.NEWCOMER,
                 ~Atom.PAST_DEADLINE,
@@ -386,6 +389,7 @@ HARDENED = UPSTREAM.derive(
             ),
         ),
         (Op.JOIN, _FIRST_ROLLBACK_ROW): row(
+            "complete_at_min_on_deadline",
             Atom.PAST_DEADLINE,
             ~Atom.COMPLETE,
             Atom.PARTICIPANT,
@@ -395,6 +399,7 @@ HARDENED = UPSTREAM.derive(
         ),
         (Op.EXIT, 0): (
             row(
+                "leave_closed_wait_list",
                 Atom.CLOSED,
                 Atom.WAITING,
                 ~Atom.PAST_DEADLINE,
@@ -402,6 +407,7 @@ HARDENED = UPSTREAM.derive(
                 why="the run is closed: leave it, so that a new job can reopen it",
             ),
             row(
+                "leave_closed_redundancy_list",
                 Atom.CLOSED,
                 Atom.REDUNDANT,
                 ~Atom.PAST_DEADLINE,
@@ -458,6 +464,7 @@ SCALE = HARDENED.derive(
     heartbeats=KEY_BEATS,
     rows={
         (Op.JOIN, _STAND_BY_BEAT_ROW): row(
+            "standby_beat",
             Atom.REDUNDANT,
             Atom.AT_MAX,
             Atom.BEAT_DUE,
@@ -465,9 +472,10 @@ SCALE = HARDENED.derive(
             why="stay alive while waiting for room",
         ),
         (Op.JOIN, _WAITING_BEAT_ROW): row(
-            Atom.BEAT_DUE, then=Action.BEAT, why="heartbeat due while waiting"
+            "beat_while_waiting", Atom.BEAT_DUE, then=Action.BEAT, why="heartbeat due while waiting"
         ),
         (Op.KEEP_ALIVE, 0): row(
+            "nothing_due",
             ~Atom.BEAT_DUE,
             ~Atom.WATCH_DUE,
             ~Atom.MONITORED_DEAD,
@@ -475,12 +483,16 @@ SCALE = HARDENED.derive(
             why="nothing due, nobody dead",
         ),
         (Op.KEEP_ALIVE, 1): row(
-            Atom.PAST_DEADLINE, then=Action.ERROR_TIMEOUT, why="could not keep up in time"
+            "deadline_passed",
+            Atom.PAST_DEADLINE,
+            then=Action.ERROR_TIMEOUT,
+            why="could not keep up in time",
         ),
         (Op.KEEP_ALIVE, 2): row(
-            Atom.WATCH_DUE, then=Action.WATCH, why="read the heartbeats we watch"
+            "watch", Atom.WATCH_DUE, then=Action.WATCH, why="read the heartbeats we watch"
         ),
         (Op.JOIN, _LAST_CALL_ROW): row(
+            "fold_and_complete_after_last_call",
             ~Atom.COMPLETE,
             Atom.PARTICIPANT,
             Atom.SIZE_IN_RANGE,
@@ -489,6 +501,7 @@ SCALE = HARDENED.derive(
             why="last call over: admit the latecomers and complete",
         ),
         (Op.JOIN, _JOIN_OPEN_ROW): row(
+            "announce",
             ~Atom.COMPLETE,
             ~Atom.PARTICIPANT,
             ~Atom.ANNOUNCED,
@@ -499,6 +512,7 @@ SCALE = HARDENED.derive(
     insert={
         (Op.JOIN, _NEWCOMER_SYNC_ROW): (
             row(
+                "newcomer_watch",
                 Atom.CLOSED,
                 Atom.NEWCOMER,
                 ~Atom.PAST_DEADLINE,
@@ -507,6 +521,7 @@ SCALE = HARDENED.derive(
                 why="a new job: read the heartbeats of the closed job's nodes still listed",
             ),
             row(
+                "newcomer_prune_dead",
                 Atom.CLOSED,
                 Atom.NEWCOMER,
                 ~Atom.PAST_DEADLINE,
@@ -517,6 +532,7 @@ SCALE = HARDENED.derive(
         ),
         (Op.JOIN, _STAND_BY_SYNC_ROW): (
             row(
+                "standby_watch",
                 Atom.REDUNDANT,
                 Atom.AT_MAX,
                 Atom.WATCH_DUE,
@@ -524,6 +540,7 @@ SCALE = HARDENED.derive(
                 why="standing by: read the first participant's heartbeat",
             ),
             row(
+                "standby_prune_dead",
                 Atom.REDUNDANT,
                 Atom.AT_MAX,
                 Atom.MONITORED_DEAD,
@@ -532,6 +549,7 @@ SCALE = HARDENED.derive(
             ),
         ),
         (Op.JOIN, _GIVE_UP_ROW): row(
+            "withdraw_announcement",
             Atom.PAST_DEADLINE,
             Atom.IN_ROLLBACK_WINDOW,
             Atom.IN_ANNOUNCEMENTS,
@@ -539,6 +557,7 @@ SCALE = HARDENED.derive(
             why="take our announcement back before giving up",
         ),
         (Op.JOIN, _JOIN_OPEN_ROW + 1): row(
+            "fold_announcements",
             ~Atom.COMPLETE,
             ~Atom.PARTICIPANT,
             Atom.FOLD_DUE,
@@ -547,6 +566,7 @@ SCALE = HARDENED.derive(
         ),
         (Op.JOIN, _WAITING_SYNC_ROW): (
             row(
+                "wait_list_watch",
                 Atom.COMPLETE,
                 Atom.WAITING,
                 Atom.WATCH_DUE,
@@ -554,6 +574,7 @@ SCALE = HARDENED.derive(
                 why="waiting: read the first participant's heartbeat",
             ),
             row(
+                "wait_list_prune_dead",
                 Atom.COMPLETE,
                 Atom.WAITING,
                 Atom.MONITORED_DEAD,
@@ -561,8 +582,12 @@ SCALE = HARDENED.derive(
                 why="the round we wait for lost its first participant: prune it",
             ),
         ),
-        (Op.KEEP_ALIVE, 2): row(Atom.BEAT_DUE, then=Action.BEAT, why="write our heartbeat key"),
-        (Op.KEEP_ALIVE, 3): row(then=Action.PRUNE_DEAD, why="a watched node is dead: prune it"),
+        (Op.KEEP_ALIVE, 2): row(
+            "beat", Atom.BEAT_DUE, then=Action.BEAT, why="write our heartbeat key"
+        ),
+        (Op.KEEP_ALIVE, 3): row(
+            "prune_dead", then=Action.PRUNE_DEAD, why="a watched node is dead: prune it"
+        ),
     },
     folds={
         Action.FOLD: fold_announced_clearing_wait_list,

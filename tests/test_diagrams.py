@@ -57,7 +57,7 @@ def test_a_changed_table_makes_the_committed_diagrams_stale() -> None:
     changed = UPSTREAM.derive(
         "upstream",
         description=UPSTREAM.description,
-        rows={(Op.CLOSE, 0): row(Atom.CLOSED, then=Action.ERROR_CLOSED)},
+        rows={(Op.CLOSE, 0): row("refuse", Atom.CLOSED, then=Action.ERROR_CLOSED)},
     )
     expected = diagrams.generate({"upstream": changed})
     stale = diagrams.stale_files(diagrams.DOCS, expected)

@@ -159,7 +159,7 @@ def test_a_folding_row_without_its_fold_is_rejected() -> None:
         HARDENED.derive(
             "broken",
             description="a fold row and no fold",
-            insert={(Op.JOIN, 0): row(Atom.FOLD_DUE, then=Action.FOLD)},
+            insert={(Op.JOIN, 0): row("fold", Atom.FOLD_DUE, then=Action.FOLD)},
         )
 
 

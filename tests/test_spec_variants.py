@@ -97,7 +97,7 @@ def test_unknown_variant_lists_the_known_names(name: str) -> None:
 
 
 # -- derive --------------------------------------------------------------------------------
-NEW_ROW = row(Atom.CLOSED, then=Action.ERROR_CLOSED, why="test")
+NEW_ROW = row("new_row", Atom.CLOSED, then=Action.ERROR_CLOSED, why="test")
 
 
 def test_derive_without_changes_lists_none() -> None:
@@ -112,8 +112,11 @@ def test_derive_replace_delete_insert_append_and_switches() -> None:
     v = UPSTREAM.derive(
         "demo",
         description="every kind of change",
-        rows={(Op.JOIN, 3): row(Atom.REDUNDANT, then=Action.SYNC), (Op.EXIT, 0): None},
-        insert={(Op.CLOSE, 0): NEW_ROW, (Op.KEEP_ALIVE, 3): row(then=Action.FINISH)},
+        rows={
+            (Op.JOIN, 3): row("redundant_wait", Atom.REDUNDANT, then=Action.SYNC),
+            (Op.EXIT, 0): None,
+        },
+        insert={(Op.CLOSE, 0): NEW_ROW, (Op.KEEP_ALIVE, 3): row("finish", then=Action.FINISH)},
         effects={Action.MARK_RENDEZVOUS_CLOSED: keep_alive},
         prune_marks_dirty=False,
         rollback_window=0,
