@@ -3,7 +3,9 @@
 A new variant is a small, named diff of an existing one (:meth:`Variant.derive`): replace
 a row, swap an effect, flip a switch. ``hardened`` and ``scale`` give their own tables
 whole, spelled out row by row in :mod:`spec.tables`; that they are upstream with the diff
-docs/protocol.md documents is a test (tests/test_spec_variants.py). Every consumer (the node machine, the model checker,
+docs/protocol.md documents is a test (tests/test_spec_variants.py).
+
+Every consumer (the node machine, the model checker,
 the real handler, the diagrams) takes a variant, so a variant is one value, never a
 second implementation.
 
