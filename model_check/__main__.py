@@ -70,10 +70,12 @@ from model_check.swarm import (
 )
 
 TRACE_FORMAT = "rdzv-model-check-trace/1"
-RESULT_FORMAT = "rdzv-model-check-result/1"
+RESULT_FORMAT = "rdzv-model-check-result/2"
 """The ``format`` of a run's ``--json`` document (docs/model_checker.md, "JSON output")."""
-REPLAY_FORMAT = "rdzv-model-check-replay/1"
-"""The ``format`` of a replay's ``--json`` document."""
+REPLAY_FORMAT = "rdzv-model-check-replay/2"
+"""The ``format`` of a replay's ``--json`` document. Version 2 (with ``RESULT_FORMAT`` 2 and
+``swarm.SWARM_FORMAT`` 2): a chosen row is reported by its stable name (``join.wait``), not
+its index."""
 DEFAULT_TRACE = "model_check_counterexample.json"
 EXHAUSTIVE_NODE_LIMIT = 12
 """Largest --nodes accepted in exhaustive mode (beyond it, use --mode random)."""

@@ -246,7 +246,7 @@ def _observe(variant: Variant) -> tuple[set[Edge], set[Edge]]:
                 after_status = _FAIL_STATUS[ACTION_FAILURES[action]]
             else:
                 after_status = node_status(after, ctx.node)
-            node.add(Edge(before_status.value, after_status.value, f"{index}: {action.value}"))
+            node.add(Edge(before_status.value, after_status.value, table.rows[index].name))
     for settings in SAMPLE_SETTINGS:
         for state in _states(settings):
             if check_state(state, settings):
@@ -337,17 +337,16 @@ def _status_style(status: NodeStatus) -> str:
     return 'shape=box, style="rounded,filled", fillcolor=lightblue'
 
 
-def _row_number(label: str) -> int:
-    """The join row of a node-lifecycle edge label (``"12: add_to_participants"``)."""
-    return int(label.split(":", 1)[0])
-
-
 def node_lifecycle_dot(variant: Variant, edges: Iterable[Edge]) -> str:
-    """Top to bottom, each edge labelled with its join rows' numbers only: the page's
-    table beside it (:func:`node_edges_table`) gives each row's action."""
+    """Top to bottom, each edge labelled with the names of its join rows, in table order;
+    a loop (rows that keep the node where it is) is drawn unlabelled, since its names made
+    the drawing too wide. The page's table beside it (:func:`node_edges_table`) gives each
+    row's action and moves, loops included."""
+    join = variant.table(Op.JOIN)
     title = f"{variant.name}: one node's join (edges: join rows)"
     lines = _header(title, "TB")
     lines.append(f"  label={_q(title)};")
+    lines.append("  nodesep=0.2;")  # the row names are wide: keep within the page's width
     for status in NodeStatus:
         lines.append(f"  {_q(status.value)} [{_status_style(status)}];")
     lines.append(
@@ -359,7 +358,7 @@ def node_lifecycle_dot(variant: Variant, edges: Iterable[Edge]) -> str:
         '[style=dashed, label="return rank\\nand world size"];'
     )
     for source, target, labels in _grouped(edges):
-        rows = ", ".join(str(n) for n in sorted(map(_row_number, labels)))
+        rows = "" if source == target else "\n".join(sorted(labels, key=join.index))
         lines.append(f"  {_q(source)} -> {_q(target)} [label={_q(rows)}];")
     lines.append("}")
     return "\n".join(lines) + "\n"
@@ -367,17 +366,17 @@ def node_lifecycle_dot(variant: Variant, edges: Iterable[Edge]) -> str:
 
 def node_edges_table(variant: Variant, edges: Iterable[Edge]) -> list[str]:
     """The Markdown table under a node lifecycle: each join row's action and the moves
-    of the node it makes (the diagram's edges carry the row numbers only)."""
-    moves: dict[int, list[str]] = {}
+    of the node it makes (the diagram's edges carry the row names only)."""
+    moves: dict[str, list[str]] = {}
     for source, target, labels in _grouped(edges):
         for label in labels:
             move = f"stays {source}" if source == target else f"{source} → {target}"
-            moves.setdefault(_row_number(label), []).append(move)
+            moves.setdefault(label, []).append(move)
     table = variant.table(Op.JOIN)
-    out = ["| join row | action | moves the node |", "|---:|---|---|"]
+    out = ["| join row | action | moves the node |", "|---|---|---|"]
     for index, r in enumerate(table.rows):
-        where = ", ".join(moves.get(index, [])) or "(not observed)"
-        out.append(f"| {index} | `{r.then.value}` | {where} |")
+        where = ", ".join(moves.get(r.name, [])) or "(not observed)"
+        out.append(f"| `{table.qualified(index)}` | `{r.then.value}` | {where} |")
     return out
 
 
@@ -410,8 +409,9 @@ def decision_dot(variant: Variant, table: Table) -> str:
 def _decision_row(index: int, r: Row) -> list[str]:
     guard = r.guard_text().replace(" and ", "\nand ")
     action = r.then.value + (f"\n({r.why})" if r.why else "")
+    label = f"{r.name}:\n{guard}"
     return [
-        f"  row{index} [shape=box, style=rounded, label={_q(f'row {index}: {guard}')}];",
+        f"  row{index} [shape=box, style=rounded, label={_q(label)}];",
         f"  act{index} [shape=box, style=filled, {_action_style(r.then)}, label={_q(action)}];",
         f'  row{index} -> act{index} [label="yes"];',
         f"  {{ rank=same; row{index}; act{index}; }}",
@@ -498,8 +498,9 @@ def diagrams_page(
         "is set, else *open*; a transition that increments the round number ends in",
         "*next round* (an open round with a new number). Pruning edges come from",
         "`sanitize` on the same situations with some heartbeats expired. The node",
-        "lifecycle labels each edge with the numbers of the join table's rows that move",
-        "the node along it (the table under it gives each row's action); the dashed",
+        "lifecycle labels each edge with the names of the join table's rows that move",
+        "the node along it (the table under it gives each row's action, and the rows of",
+        "the unlabelled loops, which keep the node where it is); the dashed",
         "edges are the calls around the join operation.",
         "",
         "Colours: blue mutates the shared state, yellow waits, green succeeds, pink",

@@ -468,8 +468,9 @@ class Violation:
     message: str
 
 
-RowChoice = tuple[str, str, int, str]
-"""A table row a node's machine chose during a move: (node, table, row number, action)."""
+RowChoice = tuple[str, str, str, str]
+"""A table row a node's machine chose during a move: (node, table, row, action), the row
+by its stable name (``join.join_open_round``: :meth:`spec.tables.Table.qualified`)."""
 Write = tuple[str, str, str]
 """A store write made during a move: (key, op, value), e.g. ``("state", "set", <the state
 as text>)``, ``("announcements/0", "add", "n_0_0")`` or ``("heartbeat/n_0_0", "set", "1")``."""
@@ -1229,9 +1230,9 @@ class _Run:
             if result.action is not None:
                 table = op.value if op else "?"
                 where = "" if lane is Lane.MAIN else " (control)"
-                self.note(f"{p.ident}: {table} row {result.row} -> {result.action.value}{where}")
-                number = -1 if result.row is None else result.row
-                self.rows.append((str(p.ident), table, number, result.action.value))
+                name = result.row if result.row is not None else f"{table}.?"
+                self.note(f"{p.ident}: {name} -> {result.action.value}{where}")
+                self.rows.append((str(p.ident), table, name, result.action.value))
                 self.on_action(slot, result.action, op)
             request = result.request
             if isinstance(request, STORE_REQUESTS):

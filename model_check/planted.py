@@ -35,11 +35,10 @@ from spec.effects import (
 from spec.state import Millis
 
 
-def _completion_row_index() -> int:
-    for index, r in enumerate(UPSTREAM.table(Op.JOIN).rows):
-        if r.then is Action.MARK_RENDEZVOUS_COMPLETE:
-            return index
-    raise LookupError("upstream's join table has no completion row")
+def _join_row(variant: Variant, name: str) -> tuple[Op, int]:
+    """The derive key of ``variant``'s join row called ``name`` (found by its stable name,
+    so that a reordered table moves the planted bug along with the row)."""
+    return (Op.JOIN, variant.table(Op.JOIN).index(name))
 
 
 def mark_complete_reversed(
@@ -62,7 +61,7 @@ def remove_from_participants_no_epilogue(
     return state.evolve(participants=members, last_heartbeats=beats)
 
 
-_COMPLETION = _completion_row_index()
+_COMPLETION = _join_row(UPSTREAM, "complete_after_last_call")
 
 IGNORES_MIN = UPSTREAM.derive(
     "planted-ignores-min",
@@ -71,7 +70,8 @@ IGNORES_MIN = UPSTREAM.derive(
         "the round as soon as it sees it, below min_nodes"
     ),
     rows={
-        (Op.JOIN, _COMPLETION): row(
+        _COMPLETION: row(
+            "planted_complete_at_once",
             ~Atom.COMPLETE,
             Atom.PARTICIPANT,
             then=Action.MARK_RENDEZVOUS_COMPLETE,
@@ -88,7 +88,8 @@ NO_SIZE_GUARD = UPSTREAM.derive(
         "min_nodes <= participants, so this guard is redundant in upstream"
     ),
     rows={
-        (Op.JOIN, _COMPLETION): row(
+        _COMPLETION: row(
+            "planted_complete_any_size",
             ~Atom.COMPLETE,
             Atom.PARTICIPANT,
             Atom.LAST_CALL_OVER,
@@ -113,11 +114,6 @@ NO_EPILOGUE = UPSTREAM.derive(
 )
 
 
-def _sync_row_index() -> int:
-    rows = UPSTREAM.table(Op.JOIN).rows
-    return len(rows) - 1
-
-
 BUSY_KEEP_ALIVE = UPSTREAM.derive(
     "planted-busy-keep-alive",
     description=(
@@ -125,7 +121,8 @@ BUSY_KEEP_ALIVE = UPSTREAM.derive(
         "writes the same state again and again without time passing (a livelock)"
     ),
     insert={
-        (Op.JOIN, _sync_row_index()): row(
+        _join_row(UPSTREAM, "wait"): row(
+            "planted_busy_keep_alive",
             ~Atom.COMPLETE,
             Atom.PARTICIPANT,
             then=Action.KEEP_ALIVE,
@@ -135,13 +132,6 @@ BUSY_KEEP_ALIVE = UPSTREAM.derive(
 )
 
 
-def _join_row_index(action: Action) -> int:
-    for index, r in enumerate(UPSTREAM.table(Op.JOIN).rows):
-        if r.then is action:
-            return index
-    raise LookupError(f"upstream's join table has no {action.value} row")
-
-
 NEVER_FINISHES = UPSTREAM.derive(
     "planted-never-finishes",
     description=(
@@ -149,7 +139,8 @@ NEVER_FINISHES = UPSTREAM.derive(
         "finishing: no next_rendezvous call ever returns, nor times out"
     ),
     insert={
-        (Op.JOIN, _join_row_index(Action.FINISH)): row(
+        _join_row(UPSTREAM, "complete_with_us"): row(
+            "planted_keep_alive_when_complete",
             Atom.COMPLETE,
             Atom.PARTICIPANT,
             Atom.HEARTBEAT_DUE,
@@ -158,7 +149,8 @@ NEVER_FINISHES = UPSTREAM.derive(
         ),
     },
     rows={
-        (Op.JOIN, _join_row_index(Action.FINISH)): row(
+        _join_row(UPSTREAM, "complete_with_us"): row(
+            "planted_wait_when_complete",
             Atom.COMPLETE,
             Atom.PARTICIPANT,
             then=Action.SYNC,
@@ -173,17 +165,13 @@ NEVER_JOINS = UPSTREAM.derive(
         "the join row that adds a node to an open round is deleted: nobody ever becomes a "
         "participant, every call times out although enough nodes are calling"
     ),
-    rows={(Op.JOIN, _join_row_index(Action.ADD_TO_PARTICIPANTS)): None},
+    rows={_join_row(UPSTREAM, "join_open_round"): None},
 )
 
 
 def _standing_by_watch_rows() -> dict[tuple[Op, int], None]:
-    return {
-        (Op.JOIN, index): None
-        for index, r in enumerate(SCALE.table(Op.JOIN).rows)
-        if r.then in (Action.WATCH, Action.PRUNE_DEAD)
-        and Atom.NEWCOMER not in {lit.atom for lit in r.when}
-    }
+    names = ("standby_watch", "standby_prune_dead", "wait_list_watch", "wait_list_prune_dead")
+    return {_join_row(SCALE, name): None for name in names}
 
 
 UNWATCHED_STANDBY = SCALE.derive(
@@ -293,14 +281,6 @@ DROPPED_MEMBER_UNCOUNTED = HARDENED.derive(
 )
 
 
-def _hardened_join_row(action: Action, atom: Atom) -> int:
-    """The index of hardened's join row choosing ``action`` whose guard names ``atom``."""
-    for index, r in enumerate(HARDENED.table(Op.JOIN).rows):
-        if r.then is action and atom in {lit.atom for lit in r.when}:
-            return index
-    raise AssertionError(f"hardened has no join row {action.value} on {atom.value}")
-
-
 REOPEN_FORGETS_JOB = HARDENED.derive(
     "planted-reopen-forgets-job",
     description=(
@@ -308,7 +288,7 @@ REOPEN_FORGETS_JOB = HARDENED.derive(
         "once a new job has reopened it: a node of the closed job that was still joining "
         "when the run was reopened joins the new job's rounds"
     ),
-    rows={(Op.JOIN, _hardened_join_row(Action.ERROR_CLOSED, Atom.LATER_JOB)): None},
+    rows={_join_row(HARDENED, "later_job"): None},
 )
 
 REOPEN_UNDER_MEMBERS = HARDENED.derive(
@@ -318,7 +298,8 @@ REOPEN_UNDER_MEMBERS = HARDENED.derive(
         "listed in it: a new job starts while members of the closed one still train"
     ),
     rows={
-        (Op.JOIN, _hardened_join_row(Action.REOPEN, Atom.NEWCOMER)): row(
+        _join_row(HARDENED, "reopen_vacant_run"): row(
+            "planted_reopen_under_members",
             Atom.CLOSED,
             Atom.NEWCOMER,
             then=Action.REOPEN,

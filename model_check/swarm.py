@@ -45,7 +45,7 @@ from model_check.model import (
     World,
 )
 
-SWARM_FORMAT = "rdzv-model-check-swarm/1"
+SWARM_FORMAT = "rdzv-model-check-swarm/2"
 """The ``format`` of a swarm run's ``--json`` document (docs/model_checker.md, "Swarm mode")."""
 
 DEFAULT_WALKS = 200
@@ -208,18 +208,19 @@ class Scheduler:
 @dataclass(frozen=True)
 class TableRow:
     table: str
-    row: int
+    row: str
+    """The row's stable name, ``<op>.<name>`` (:meth:`spec.tables.Table.qualified`)."""
     action: str
 
     def __str__(self) -> str:
-        return f"{self.table} row {self.row} -> {self.action}"
+        return f"{self.row} -> {self.action}"
 
 
 def table_rows(base: ModelConfig) -> list[TableRow]:
     """Every row of every table of the protocol, in table then row order."""
     variant = base.variant
     return [
-        TableRow(op.value, index, r.then.value)
+        TableRow(op.value, table.qualified(index), r.then.value)
         for op, table in sorted(variant.tables.items(), key=lambda item: item[0].value)
         for index, r in enumerate(table.rows)
     ]
@@ -238,7 +239,7 @@ class SwarmResult:
     """Distinct worlds over every walk (canonical fingerprints)."""
     moves: int = 0
     """Every move applied, the continuations that judged the walk ends included."""
-    hits: dict[tuple[str, int], int] = field(default_factory=dict)
+    hits: dict[tuple[str, str], int] = field(default_factory=dict)
     """Times each (table, row) was chosen."""
     seconds: float = 0.0
     interrupted: bool = False
@@ -301,14 +302,14 @@ def run_swarm(
     after the walks done so far (``interrupted``)."""
     out = SwarmResult()
     seen: set[bytes] = set()
-    hits: dict[tuple[str, int], int] = {}
+    hits: dict[tuple[str, str], int] = {}
     moves = 0
 
     def observe(outcome: Outcome) -> None:
         nonlocal moves
         moves += 1
-        for _, table, number, _ in outcome.rows:
-            key = (table, number)
+        for _, table, name, _ in outcome.rows:
+            key = (table, name)
             hits[key] = hits.get(key, 0) + 1
 
     start = last = time.monotonic()
@@ -432,7 +433,7 @@ def coverage_lines(sw: SwarmResult, base: ModelConfig, symmetry: bool) -> list[s
     ]
     by_table: dict[str, list[str]] = {}
     for r, n in hits:
-        by_table.setdefault(r.table, []).append(f"{r.row}:{n}")
+        by_table.setdefault(r.table, []).append(f"{r.row.removeprefix(r.table + '.')}:{n}")
     for table, cells in by_table.items():
         lines.append(f"rows {table}: " + " ".join(cells))
     never = [str(r) for r, n in hits if not n]

@@ -48,8 +48,10 @@ from spec.machine import (
 LOGGER_NAME = "rdzv.events"
 logger = logging.getLogger(LOGGER_NAME)
 
-SCHEMA = 1
-"""Version of the record layout below; bump it when a field changes meaning."""
+SCHEMA = 2
+"""Version of the record layout below; bump it when a field changes meaning. Schema 2:
+``row`` is the stable name of the table row (``join.join_open_round``), not its index
+(schema 1), which meant different rows in different variants."""
 
 _INPUT_NAMES: dict[type, str] = {
     StartOp: "start_op",
@@ -95,7 +97,8 @@ class TransitionEvent:
     input: str
     request: str
     action: str | None
-    row: int | None
+    row: str | None
+    """The table row that decided ``action``, by its stable name: ``<op>.<name>``."""
     round: int
     complete: bool
     closed: bool

@@ -409,14 +409,15 @@ class Step:
     """The outcome of feeding one event: the new local state and the request to serve.
 
     ``action`` is the action decided during this step (None if the step only issued
-    I/O), ``row`` the index of the table row that chose it, and ``pruned`` the nodes
+    I/O), ``row`` the stable name of the table row that chose it (``<op>.<name>``, e.g.
+    ``join.join_open_round``: :meth:`spec.tables.Table.qualified`), and ``pruned`` the nodes
     sanitize removed from the view. Interpreters log these; they carry no obligations.
     """
 
     local: Local
     request: Request
     action: Action | None = None
-    row: int | None = None
+    row: str | None = None
     pruned: tuple[NodeId, ...] = ()
 
 
@@ -790,38 +791,39 @@ def _decide(local: Local, now: Now, config: Config) -> Step:
     ctx = context(local, now, config)
     index = table.select(ctx)
     action = table.rows[index].then
+    name = table.qualified(index)
     if action is Action.FINISH:
-        return Step(evolve(local, phase=Phase.IDLE, op=None), Done(op), action, index)
+        return Step(evolve(local, phase=Phase.IDLE, op=None), Done(op), action, name)
     if action in ACTION_FAILURES:
         kind = ACTION_FAILURES[action]
         failed = _fail(local, kind, _failure_message(op, kind, local))
-        return replace(failed, action=action, row=index)
+        return replace(failed, action=action, row=name)
     if action is Action.SYNC:
         until = next_timer(ctx, config, local)
         wait = Wait(config.key, local.token, until)
-        return Step(evolve(local, phase=Phase.WAITING), wait, action, index)
+        return Step(evolve(local, phase=Phase.WAITING), wait, action, name)
     if action is Action.ANNOUNCE:
         request = Announce(local.view.round, encode_node(local.node))
-        return Step(evolve(local, phase=Phase.ANNOUNCING), request, action, index)
+        return Step(evolve(local, phase=Phase.ANNOUNCING), request, action, name)
     if action is Action.WITHDRAW:
         withdraw = Withdraw(local.view.round, encode_node(local.node))
-        return Step(evolve(local, phase=Phase.WITHDRAWING), withdraw, action, index)
+        return Step(evolve(local, phase=Phase.WITHDRAWING), withdraw, action, name)
     if action.folds:
         busy = evolve(local, phase=Phase.READING_ANNOUNCED, folding=action)
-        return Step(busy, ReadAnnounced(local.view.round), action, index)
+        return Step(busy, ReadAnnounced(local.view.round), action, name)
     if action is Action.BEAT:
         value = str(next_beat(local, config)).encode("ascii")
-        return Step(evolve(local, phase=Phase.BEATING), Beat(value), action, index)
+        return Step(evolve(local, phase=Phase.BEATING), Beat(value), action, name)
     if action is Action.WATCH:
         nodes = watched(local.view, local.node)
-        return Step(evolve(local, phase=Phase.WATCHING), ReadBeats(nodes), action, index)
+        return Step(evolve(local, phase=Phase.WATCHING), ReadBeats(nodes), action, name)
     if action is Action.PRUNE_DEAD:
         cleaned = config.variant.prune(local.view, ctx.dead, config.settings)
         gone = set(cleaned.dead)
         watch = tuple(entry for entry in local.watch if entry[0] not in gone)
         changed = evolve(local, view=cleaned.state, dirty=True, watch=watch)
         synced = _sync(changed, now, config)
-        return replace(synced, action=action, row=index, pruned=cleaned.dead)
+        return replace(synced, action=action, row=name, pruned=cleaned.dead)
     effect = config.variant.effects[action]
     view = effect(local.view, local.node, config.settings, now.wall)
     deadline = local.deadline
@@ -830,7 +832,7 @@ def _decide(local: Local, now: Now, config: Config) -> Step:
         deadline = now.mono + config.settings.join_timeout
     changed = evolve(local, view=view, dirty=True, deadline=deadline)
     synced = _sync(changed, now, config)
-    return replace(synced, action=action, row=index)
+    return replace(synced, action=action, row=name)
 
 
 def _fail(local: Local, kind: FailKind, message: str) -> Step:

@@ -21,6 +21,7 @@ reference port in ``shared/seed``): its if/else chains, flattened row by row.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -260,13 +261,30 @@ class Literal:
         return self.atom.value if self.positive else f"not {self.atom.value}"
 
 
+ROW_NAME = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)*")
+"""A row's name: a short snake_case identifier (``complete_at_min_on_deadline``)."""
+
+
 @dataclass(frozen=True)
 class Row:
-    """One rule: when every literal holds (and no earlier row matched), do ``then``."""
+    """One rule: when every literal holds (and no earlier row matched), do ``then``.
 
+    ``name`` identifies the row within its table for good: traces, events, coverage,
+    diagrams and docs report a row as ``<op>.<name>`` (:meth:`Table.qualified`), never by
+    its position, which differs between variants. A row that several variants share keeps
+    its name in all of them; a row whose guard or action changes gets a new one."""
+
+    name: str
     when: tuple[Literal, ...]
     then: Action
     why: str = ""
+
+    def __post_init__(self) -> None:
+        if not ROW_NAME.fullmatch(self.name):
+            raise ValueError(
+                f"row name {self.name!r} is not a snake_case identifier (e.g. "
+                f"'complete_at_min_on_deadline')"
+            )
 
     def matches(self, ctx: Context) -> bool:
         return all(lit.holds(ctx) for lit in self.when)
@@ -275,10 +293,10 @@ class Row:
         return " and ".join(str(lit) for lit in self.when) or "otherwise"
 
 
-def row(*when: Atom | Literal, then: Action, why: str = "") -> Row:
-    """Build a row; bare atoms are positive literals."""
+def row(name: str, *when: Atom | Literal, then: Action, why: str = "") -> Row:
+    """Build the row called ``name``; bare atoms are positive literals."""
     lits = tuple(w if isinstance(w, Literal) else Literal(w) for w in when)
-    return Row(lits, then, why)
+    return Row(name, lits, then, why)
 
 
 class NoRowMatches(Exception):
@@ -296,6 +314,30 @@ class Table:
 
     op: Op
     rows: tuple[Row, ...]
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for r in self.rows:
+            if r.name in seen:
+                raise ValueError(f"the {self.op.value} table has two rows named {r.name!r}")
+            seen.add(r.name)
+
+    def qualified(self, index: int) -> str:
+        """The stable name of row ``index``: ``<op>.<name>``, e.g. ``join.timed_out``."""
+        return f"{self.op.value}.{self.rows[index].name}"
+
+    def index(self, name: str) -> int:
+        """The position of the row called ``name`` (``<op>.`` in front is accepted)."""
+        short = name.removeprefix(f"{self.op.value}.")
+        for position, r in enumerate(self.rows):
+            if r.name == short:
+                return position
+        known = ", ".join(r.name for r in self.rows)
+        raise KeyError(f"the {self.op.value} table has no row {name!r}; its rows: {known}")
+
+    def named(self, name: str) -> Row:
+        """The row called ``name``."""
+        return self.rows[self.index(name)]
 
     def select(self, ctx: Context) -> int:
         """Index of the first row whose guard holds."""
@@ -315,9 +357,14 @@ A = Atom
 UPSTREAM_EXIT = Table(
     Op.EXIT,
     (
-        row(~A.PARTICIPANT, then=Action.FINISH, why="nothing to leave"),
-        row(~A.PAST_DEADLINE, then=Action.REMOVE_FROM_PARTICIPANTS, why="leave the round"),
-        row(then=Action.ERROR_TIMEOUT, why="could not leave before the deadline"),
+        row("nothing_to_leave", ~A.PARTICIPANT, then=Action.FINISH, why="nothing to leave"),
+        row(
+            "leave_round",
+            ~A.PAST_DEADLINE,
+            then=Action.REMOVE_FROM_PARTICIPANTS,
+            why="leave the round",
+        ),
+        row("timed_out", then=Action.ERROR_TIMEOUT, why="could not leave before the deadline"),
     ),
 )
 
@@ -326,30 +373,40 @@ UPSTREAM_JOIN = Table(
     (
         # A closed rendezvous: redundant nodes leave quietly, everybody else is told.
         row(
+            "closed_while_redundant",
             A.CLOSED,
             A.REDUNDANT,
             then=Action.ERROR_GRACEFUL_EXIT,
             why="the job ended while this node was surplus",
         ),
-        row(A.CLOSED, then=Action.ERROR_CLOSED, why="no new rounds after a close"),
+        row("closed", A.CLOSED, then=Action.ERROR_CLOSED, why="no new rounds after a close"),
         # A surplus node waits while the round is full, and retries once it is not.
         row(
+            "standby_keep_alive",
             A.REDUNDANT,
             A.AT_MAX,
             A.HEARTBEAT_DUE,
             then=Action.KEEP_ALIVE,
             why="stay alive while waiting for room",
         ),
-        row(A.REDUNDANT, A.AT_MAX, then=Action.SYNC, why="the round is still full"),
+        row("standby_wait", A.REDUNDANT, A.AT_MAX, then=Action.SYNC, why="the round is still full"),
         row(
+            "standby_retry",
             A.REDUNDANT,
             then=Action.REMOVE_FROM_REDUNDANCY_LIST,
             why="room freed up: retry with a fresh join deadline",
         ),
         # Success.
-        row(A.COMPLETE, A.PARTICIPANT, then=Action.FINISH, why="the round completed with us"),
+        row(
+            "complete_with_us",
+            A.COMPLETE,
+            A.PARTICIPANT,
+            then=Action.FINISH,
+            why="the round completed with us",
+        ),
         # Past the join deadline: undo membership within the rollback window, then fail.
         row(
+            "withdraw_participant",
             A.PAST_DEADLINE,
             A.IN_ROLLBACK_WINDOW,
             A.PARTICIPANT,
@@ -357,15 +414,19 @@ UPSTREAM_JOIN = Table(
             why="withdraw before giving up",
         ),
         row(
+            "withdraw_from_wait_list",
             A.PAST_DEADLINE,
             A.IN_ROLLBACK_WINDOW,
             A.WAITING,
             then=Action.REMOVE_FROM_WAIT_LIST,
             why="withdraw before giving up",
         ),
-        row(A.PAST_DEADLINE, then=Action.ERROR_TIMEOUT, why="the join deadline passed"),
+        row(
+            "timed_out", A.PAST_DEADLINE, then=Action.ERROR_TIMEOUT, why="the join deadline passed"
+        ),
         # A complete round without us: wait for the next one, or stand by if it is full.
         row(
+            "queue_for_next_round",
             A.COMPLETE,
             A.BELOW_MAX,
             ~A.WAITING,
@@ -373,6 +434,7 @@ UPSTREAM_JOIN = Table(
             why="late: queue for the next round",
         ),
         row(
+            "stand_by",
             A.COMPLETE,
             ~A.BELOW_MAX,
             ~A.WAITING,
@@ -381,6 +443,7 @@ UPSTREAM_JOIN = Table(
         ),
         # An open round: join it, and complete it once the last call is over.
         row(
+            "complete_after_last_call",
             ~A.COMPLETE,
             A.PARTICIPANT,
             A.SIZE_IN_RANGE,
@@ -389,37 +452,427 @@ UPSTREAM_JOIN = Table(
             why="last call over with enough nodes",
         ),
         row(
+            "join_open_round",
             ~A.COMPLETE,
             ~A.PARTICIPANT,
             then=Action.ADD_TO_PARTICIPANTS,
             why="the round is open: join it",
         ),
         # Otherwise wait, keeping our heartbeat fresh.
-        row(A.HEARTBEAT_DUE, then=Action.KEEP_ALIVE, why="heartbeat due while waiting"),
-        row(then=Action.SYNC, why="wait for the state to change"),
+        row(
+            "keep_alive_while_waiting",
+            A.HEARTBEAT_DUE,
+            then=Action.KEEP_ALIVE,
+            why="heartbeat due while waiting",
+        ),
+        row("wait", then=Action.SYNC, why="wait for the state to change"),
     ),
 )
 
 UPSTREAM_CLOSE = Table(
     Op.CLOSE,
     (
-        row(A.CLOSED, then=Action.FINISH, why="already closed"),
-        row(A.PAST_DEADLINE, then=Action.ERROR_TIMEOUT, why="could not close in time"),
-        row(then=Action.MARK_RENDEZVOUS_CLOSED, why="close it"),
+        row("already_closed", A.CLOSED, then=Action.FINISH, why="already closed"),
+        row("timed_out", A.PAST_DEADLINE, then=Action.ERROR_TIMEOUT, why="could not close in time"),
+        row("close", then=Action.MARK_RENDEZVOUS_CLOSED, why="close it"),
     ),
 )
 
 UPSTREAM_KEEP_ALIVE = Table(
     Op.KEEP_ALIVE,
     (
-        row(~A.HEARTBEAT_DUE, then=Action.FINISH, why="heartbeat fresh (or not a member)"),
-        row(~A.PAST_DEADLINE, then=Action.KEEP_ALIVE, why="refresh the heartbeat"),
-        row(then=Action.ERROR_TIMEOUT, why="could not refresh in time"),
+        row(
+            "heartbeat_fresh",
+            ~A.HEARTBEAT_DUE,
+            then=Action.FINISH,
+            why="heartbeat fresh (or not a member)",
+        ),
+        row(
+            "refresh_heartbeat",
+            ~A.PAST_DEADLINE,
+            then=Action.KEEP_ALIVE,
+            why="refresh the heartbeat",
+        ),
+        row("timed_out", then=Action.ERROR_TIMEOUT, why="could not refresh in time"),
     ),
 )
 
 QUERY = Table(
     Op.QUERY,
-    (row(then=Action.FINISH, why="the view is up to date"),),
+    (row("up_to_date", then=Action.FINISH, why="the view is up to date"),),
 )
+
+# ---------------------------------------------------------------------------------------
+# The hardened and scale variants' own tables (spec.variants), spelled out row by row. A
+# row they share with upstream (or scale with hardened) is repeated here with its name,
+# guard, action and reason unchanged (tests/test_spec_tables.py checks that a name means
+# one row in every variant), and tests/test_spec_variants.py checks that these tables are
+# exactly upstream with the diff docs/protocol.md ("Variants") documents. Their close and
+# query tables, and hardened's keep-alive table, are upstream's.
+# ---------------------------------------------------------------------------------------
+HARDENED_EXIT = Table(
+    Op.EXIT,
+    (
+        row(
+            "leave_closed_wait_list",
+            A.CLOSED,
+            A.WAITING,
+            ~A.PAST_DEADLINE,
+            then=Action.REMOVE_FROM_WAIT_LIST,
+            why="the run is closed: leave it, so that a new job can reopen it",
+        ),
+        row(
+            "leave_closed_redundancy_list",
+            A.CLOSED,
+            A.REDUNDANT,
+            ~A.PAST_DEADLINE,
+            then=Action.REMOVE_FROM_REDUNDANCY_LIST,
+            why="the run is closed: leave it, so that a new job can reopen it",
+        ),
+        row("nothing_to_leave", ~A.PARTICIPANT, then=Action.FINISH, why="nothing to leave"),
+        row(
+            "leave_round",
+            ~A.PAST_DEADLINE,
+            then=Action.REMOVE_FROM_PARTICIPANTS,
+            why="leave the round",
+        ),
+        row("timed_out", then=Action.ERROR_TIMEOUT, why="could not leave before the deadline"),
+    ),
+)
+
+HARDENED_JOIN = Table(
+    Op.JOIN,
+    (
+        row(
+            "later_job",
+            A.LATER_JOB,
+            then=Action.ERROR_CLOSED,
+            why="this node's job was closed, and a new job has reopened the run since",
+        ),
+        row(
+            "reopen_vacant_run",
+            A.CLOSED,
+            A.NEWCOMER,
+            A.VACANT,
+            then=Action.REOPEN,
+            why="the job that closed this run id has ended: start a new one",
+        ),
+        row(
+            "newcomer_wait",
+            A.CLOSED,
+            A.NEWCOMER,
+            ~A.PAST_DEADLINE,
+            then=Action.SYNC,
+            why="a new job: wait until the closed job's nodes have left or died",
+        ),
+        row(
+            "closed_while_redundant",
+            A.CLOSED,
+            A.REDUNDANT,
+            then=Action.ERROR_GRACEFUL_EXIT,
+            why="the job ended while this node was surplus",
+        ),
+        row("closed", A.CLOSED, then=Action.ERROR_CLOSED, why="no new rounds after a close"),
+        row(
+            "standby_keep_alive",
+            A.REDUNDANT,
+            A.AT_MAX,
+            A.HEARTBEAT_DUE,
+            then=Action.KEEP_ALIVE,
+            why="stay alive while waiting for room",
+        ),
+        row("standby_wait", A.REDUNDANT, A.AT_MAX, then=Action.SYNC, why="the round is still full"),
+        row(
+            "standby_retry",
+            A.REDUNDANT,
+            then=Action.REMOVE_FROM_REDUNDANCY_LIST,
+            why="room freed up: retry with a fresh join deadline",
+        ),
+        row(
+            "complete_with_us",
+            A.COMPLETE,
+            A.PARTICIPANT,
+            then=Action.FINISH,
+            why="the round completed with us",
+        ),
+        row(
+            "complete_at_min_on_deadline",
+            A.PAST_DEADLINE,
+            ~A.COMPLETE,
+            A.PARTICIPANT,
+            A.SIZE_IN_RANGE,
+            then=Action.MARK_RENDEZVOUS_COMPLETE,
+            why="min reached: complete now rather than abandon a viable round",
+        ),
+        row(
+            "withdraw_participant",
+            A.PAST_DEADLINE,
+            A.IN_ROLLBACK_WINDOW,
+            A.PARTICIPANT,
+            then=Action.REMOVE_FROM_PARTICIPANTS,
+            why="withdraw before giving up",
+        ),
+        row(
+            "withdraw_from_wait_list",
+            A.PAST_DEADLINE,
+            A.IN_ROLLBACK_WINDOW,
+            A.WAITING,
+            then=Action.REMOVE_FROM_WAIT_LIST,
+            why="withdraw before giving up",
+        ),
+        row(
+            "timed_out", A.PAST_DEADLINE, then=Action.ERROR_TIMEOUT, why="the join deadline passed"
+        ),
+        row(
+            "queue_for_next_round",
+            A.COMPLETE,
+            A.BELOW_MAX,
+            ~A.WAITING,
+            then=Action.ADD_TO_WAIT_LIST,
+            why="late: queue for the next round",
+        ),
+        row(
+            "stand_by",
+            A.COMPLETE,
+            ~A.BELOW_MAX,
+            ~A.WAITING,
+            then=Action.ADD_TO_REDUNDANCY_LIST,
+            why="late and the round is full: stand by",
+        ),
+        row(
+            "complete_after_last_call",
+            ~A.COMPLETE,
+            A.PARTICIPANT,
+            A.SIZE_IN_RANGE,
+            A.LAST_CALL_OVER,
+            then=Action.MARK_RENDEZVOUS_COMPLETE,
+            why="last call over with enough nodes",
+        ),
+        row(
+            "join_open_round",
+            ~A.COMPLETE,
+            ~A.PARTICIPANT,
+            then=Action.ADD_TO_PARTICIPANTS,
+            why="the round is open: join it",
+        ),
+        row(
+            "keep_alive_while_waiting",
+            A.HEARTBEAT_DUE,
+            then=Action.KEEP_ALIVE,
+            why="heartbeat due while waiting",
+        ),
+        row("wait", then=Action.SYNC, why="wait for the state to change"),
+    ),
+)
+
+SCALE_JOIN = Table(
+    Op.JOIN,
+    (
+        row(
+            "later_job",
+            A.LATER_JOB,
+            then=Action.ERROR_CLOSED,
+            why="this node's job was closed, and a new job has reopened the run since",
+        ),
+        row(
+            "reopen_vacant_run",
+            A.CLOSED,
+            A.NEWCOMER,
+            A.VACANT,
+            then=Action.REOPEN,
+            why="the job that closed this run id has ended: start a new one",
+        ),
+        row(
+            "newcomer_watch",
+            A.CLOSED,
+            A.NEWCOMER,
+            ~A.PAST_DEADLINE,
+            A.WATCH_DUE,
+            then=Action.WATCH,
+            why="a new job: read the heartbeats of the closed job's nodes still listed",
+        ),
+        row(
+            "newcomer_prune_dead",
+            A.CLOSED,
+            A.NEWCOMER,
+            ~A.PAST_DEADLINE,
+            A.MONITORED_DEAD,
+            then=Action.PRUNE_DEAD,
+            why="a node of the closed job is dead: prune it",
+        ),
+        row(
+            "newcomer_wait",
+            A.CLOSED,
+            A.NEWCOMER,
+            ~A.PAST_DEADLINE,
+            then=Action.SYNC,
+            why="a new job: wait until the closed job's nodes have left or died",
+        ),
+        row(
+            "closed_while_redundant",
+            A.CLOSED,
+            A.REDUNDANT,
+            then=Action.ERROR_GRACEFUL_EXIT,
+            why="the job ended while this node was surplus",
+        ),
+        row("closed", A.CLOSED, then=Action.ERROR_CLOSED, why="no new rounds after a close"),
+        row(
+            "standby_beat",
+            A.REDUNDANT,
+            A.AT_MAX,
+            A.BEAT_DUE,
+            then=Action.BEAT,
+            why="stay alive while waiting for room",
+        ),
+        row(
+            "standby_watch",
+            A.REDUNDANT,
+            A.AT_MAX,
+            A.WATCH_DUE,
+            then=Action.WATCH,
+            why="standing by: read the first participant's heartbeat",
+        ),
+        row(
+            "standby_prune_dead",
+            A.REDUNDANT,
+            A.AT_MAX,
+            A.MONITORED_DEAD,
+            then=Action.PRUNE_DEAD,
+            why="the round we stand by for lost its first participant: prune it",
+        ),
+        row("standby_wait", A.REDUNDANT, A.AT_MAX, then=Action.SYNC, why="the round is still full"),
+        row(
+            "standby_retry",
+            A.REDUNDANT,
+            then=Action.REMOVE_FROM_REDUNDANCY_LIST,
+            why="room freed up: retry with a fresh join deadline",
+        ),
+        row(
+            "complete_with_us",
+            A.COMPLETE,
+            A.PARTICIPANT,
+            then=Action.FINISH,
+            why="the round completed with us",
+        ),
+        row(
+            "complete_at_min_on_deadline",
+            A.PAST_DEADLINE,
+            ~A.COMPLETE,
+            A.PARTICIPANT,
+            A.SIZE_IN_RANGE,
+            then=Action.MARK_RENDEZVOUS_COMPLETE,
+            why="min reached: complete now rather than abandon a viable round",
+        ),
+        row(
+            "withdraw_participant",
+            A.PAST_DEADLINE,
+            A.IN_ROLLBACK_WINDOW,
+            A.PARTICIPANT,
+            then=Action.REMOVE_FROM_PARTICIPANTS,
+            why="withdraw before giving up",
+        ),
+        row(
+            "withdraw_from_wait_list",
+            A.PAST_DEADLINE,
+            A.IN_ROLLBACK_WINDOW,
+            A.WAITING,
+            then=Action.REMOVE_FROM_WAIT_LIST,
+            why="withdraw before giving up",
+        ),
+        row(
+            "withdraw_announcement",
+            A.PAST_DEADLINE,
+            A.IN_ROLLBACK_WINDOW,
+            A.IN_ANNOUNCEMENTS,
+            then=Action.WITHDRAW,
+            why="take our announcement back before giving up",
+        ),
+        row(
+            "timed_out", A.PAST_DEADLINE, then=Action.ERROR_TIMEOUT, why="the join deadline passed"
+        ),
+        row(
+            "queue_for_next_round",
+            A.COMPLETE,
+            A.BELOW_MAX,
+            ~A.WAITING,
+            then=Action.ADD_TO_WAIT_LIST,
+            why="late: queue for the next round",
+        ),
+        row(
+            "stand_by",
+            A.COMPLETE,
+            ~A.BELOW_MAX,
+            ~A.WAITING,
+            then=Action.ADD_TO_REDUNDANCY_LIST,
+            why="late and the round is full: stand by",
+        ),
+        row(
+            "fold_and_complete_after_last_call",
+            ~A.COMPLETE,
+            A.PARTICIPANT,
+            A.SIZE_IN_RANGE,
+            A.LAST_CALL_OVER,
+            then=Action.FOLD_AND_COMPLETE,
+            why="last call over: admit the latecomers and complete",
+        ),
+        row(
+            "announce",
+            ~A.COMPLETE,
+            ~A.PARTICIPANT,
+            ~A.ANNOUNCED,
+            then=Action.ANNOUNCE,
+            why="the round is open: announce ourselves",
+        ),
+        row(
+            "fold_announcements",
+            ~A.COMPLETE,
+            ~A.PARTICIPANT,
+            A.FOLD_DUE,
+            then=Action.FOLD,
+            why="admit everybody announced so far",
+        ),
+        row("beat_while_waiting", A.BEAT_DUE, then=Action.BEAT, why="heartbeat due while waiting"),
+        row(
+            "wait_list_watch",
+            A.COMPLETE,
+            A.WAITING,
+            A.WATCH_DUE,
+            then=Action.WATCH,
+            why="waiting: read the first participant's heartbeat",
+        ),
+        row(
+            "wait_list_prune_dead",
+            A.COMPLETE,
+            A.WAITING,
+            A.MONITORED_DEAD,
+            then=Action.PRUNE_DEAD,
+            why="the round we wait for lost its first participant: prune it",
+        ),
+        row("wait", then=Action.SYNC, why="wait for the state to change"),
+    ),
+)
+
+SCALE_KEEP_ALIVE = Table(
+    Op.KEEP_ALIVE,
+    (
+        row(
+            "nothing_due",
+            ~A.BEAT_DUE,
+            ~A.WATCH_DUE,
+            ~A.MONITORED_DEAD,
+            then=Action.FINISH,
+            why="nothing due, nobody dead",
+        ),
+        row(
+            "deadline_passed",
+            A.PAST_DEADLINE,
+            then=Action.ERROR_TIMEOUT,
+            why="could not keep up in time",
+        ),
+        row("beat", A.BEAT_DUE, then=Action.BEAT, why="write our heartbeat key"),
+        row("watch", A.WATCH_DUE, then=Action.WATCH, why="read the heartbeats we watch"),
+        row("prune_dead", then=Action.PRUNE_DEAD, why="a watched node is dead: prune it"),
+    ),
+)
+
 del A

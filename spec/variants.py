@@ -1,7 +1,11 @@
 """Protocol variants: a variant is the tables, the effects and a few switches.
 
 A new variant is a small, named diff of an existing one (:meth:`Variant.derive`): replace
-a row, swap an effect, flip a switch. Every consumer (the node machine, the model checker,
+a row, swap an effect, flip a switch. ``hardened`` and ``scale`` give their own tables
+whole, spelled out row by row in :mod:`spec.tables`; that they are upstream with the diff
+docs/protocol.md documents is a test (tests/test_spec_variants.py).
+
+Every consumer (the node machine, the model checker,
 the real handler, the diagrams) takes a variant, so a variant is one value, never a
 second implementation.
 
@@ -81,7 +85,11 @@ from spec.effects import (
 from spec.settings import SECOND, Settings
 from spec.state import Millis, NodeId, RendezvousState
 from spec.tables import (
+    HARDENED_EXIT,
+    HARDENED_JOIN,
     QUERY,
+    SCALE_JOIN,
+    SCALE_KEEP_ALIVE,
     UPSTREAM_CLOSE,
     UPSTREAM_EXIT,
     UPSTREAM_JOIN,
@@ -89,7 +97,6 @@ from spec.tables import (
     Atom,
     Row,
     Table,
-    row,
 )
 from spec.vocabulary import Action, Op
 
@@ -201,6 +208,7 @@ class Variant:
         name: str,
         *,
         description: str,
+        tables: Mapping[Op, Table] | None = None,
         rows: Mapping[tuple[Op, int], Row | None] | None = None,
         insert: Mapping[tuple[Op, int], Row | tuple[Row, ...]] | None = None,
         effects: Mapping[Action, Effect] | None = None,
@@ -214,12 +222,19 @@ class Variant:
     ) -> Variant:
         """A new variant that differs from this one only as listed.
 
-        ``rows`` replaces the row at (op, index) (``None`` deletes it); ``insert`` puts a
-        row, or several rows in the order given, before (op, index); indices refer to this
-        variant's tables.
+        ``tables`` replaces whole tables (the named variants give their own tables this
+        way, spelled out in :mod:`spec.tables`); the change list names the rows added and
+        removed. Then ``rows`` replaces the row at (op, index) (``None`` deletes it);
+        ``insert`` puts a row, or several rows in the order given, before (op, index);
+        indices refer to this variant's tables (``tests/test_spec_variants.py`` checks
+        that ``hardened`` and ``scale`` are upstream with such a patch, as documented).
         """
         changes: list[str] = []
-        tables = dict(self.tables)
+        new_tables = dict(self.tables)
+        for op, table in sorted((tables or {}).items(), key=lambda kv: kv[0].value):
+            changes.extend(_table_changes(self.tables[op], table))
+            new_tables[op] = table
+        tables = new_tables
         for (op, index), limit in [(k, 0) for k in rows or {}] + [(k, 1) for k in insert or {}]:
             size = len(tables[op].rows)
             if not 0 <= index < size + limit:
@@ -301,6 +316,25 @@ def _fmt(r: Row) -> str:
     return f"[{r.guard_text()} -> {r.then.value}]"
 
 
+def _table_changes(old: Table, new: Table) -> list[str]:
+    """What replacing ``old`` by ``new`` changes, by row name."""
+    if old.rows == new.rows:
+        return []
+    op = new.op.value
+    before = {r.name: r for r in old.rows}
+    after = {r.name: r for r in new.rows}
+    out = [f"{op}: remove {name} {_fmt(r)}" for name, r in before.items() if name not in after]
+    for index, r in enumerate(new.rows):
+        if r.name not in before:
+            where = next((n.name for n in new.rows[index + 1 :] if n.name in before), None)
+            place = f"before {where}" if where else "at the end"
+            out.append(f"{op}: add {r.name} {_fmt(r)} {place}")
+    kept = [n for n in after if n in before]
+    if kept != [n for n in before if n in after]:
+        out.append(f"{op}: rows reordered")
+    return out
+
+
 def _inserted(
     insert: Mapping[tuple[Op, int], Row | tuple[Row, ...]] | None, op: Op, index: int
 ) -> tuple[Row, ...]:
@@ -334,10 +368,6 @@ TORCH_213 = UPSTREAM.derive(
     prune_marks_dirty=False,
 )
 
-# The join table row before which the hardened variant completes a viable round.
-_FIRST_ROLLBACK_ROW = 6
-assert UPSTREAM_JOIN.rows[_FIRST_ROLLBACK_ROW].then is Action.REMOVE_FROM_PARTICIPANTS
-
 HARDENED_EFFECTS: Mapping[Action, Effect] = MappingProxyType(
     {
         Action.REMOVE_FROM_PARTICIPANTS: leave_ending_round,
@@ -363,84 +393,13 @@ HARDENED = UPSTREAM.derive(
         "monotonic clock. A node leaves a closed run at shutdown, and a new job under the "
         "same run id reopens it (one epoch up) once nobody of the closed job is listed."
     ),
-    insert={
-        (Op.JOIN, 0): (
-            row(
-                Atom.LATER_JOB,
-                then=Action.ERROR_CLOSED,
-                why="this node's job was closed, and a new job has reopened the run since",
-            ),
-            row(
-                Atom.CLOSED,
-                Atom.NEWCOMER,
-                Atom.VACANT,
-                then=Action.REOPEN,
-                why="the job that closed this run id has ended: start a new one",
-            ),
-            row(
-                Atom.CLOSED,
-                Atom.NEWCOMER,
-                ~Atom.PAST_DEADLINE,
-                then=Action.SYNC,
-                why="a new job: wait until the closed job's nodes have left or died",
-            ),
-        ),
-        (Op.JOIN, _FIRST_ROLLBACK_ROW): row(
-            Atom.PAST_DEADLINE,
-            ~Atom.COMPLETE,
-            Atom.PARTICIPANT,
-            Atom.SIZE_IN_RANGE,
-            then=Action.MARK_RENDEZVOUS_COMPLETE,
-            why="min reached: complete now rather than abandon a viable round",
-        ),
-        (Op.EXIT, 0): (
-            row(
-                Atom.CLOSED,
-                Atom.WAITING,
-                ~Atom.PAST_DEADLINE,
-                then=Action.REMOVE_FROM_WAIT_LIST,
-                why="the run is closed: leave it, so that a new job can reopen it",
-            ),
-            row(
-                Atom.CLOSED,
-                Atom.REDUNDANT,
-                ~Atom.PAST_DEADLINE,
-                then=Action.REMOVE_FROM_REDUNDANCY_LIST,
-                why="the run is closed: leave it, so that a new job can reopen it",
-            ),
-        ),
-    },
+    tables={Op.EXIT: HARDENED_EXIT, Op.JOIN: HARDENED_JOIN},
     effects=HARDENED_EFFECTS,
     counts_dropped_member=True,
     prune=prune_ending_broken_rounds,
     liveness_clock=LOCAL,
 )
 
-# Hardened's first two join rows let a new job reopen a closed run id; the scale variant
-# inserts its watch rows for a newcomer before the second.
-_NEWCOMER_SYNC_ROW = 2
-assert HARDENED.tables[Op.JOIN].rows[_NEWCOMER_SYNC_ROW].then is Action.SYNC
-_REUSE = 3
-"""How many rows before upstream's first join row hardened inserts (a closed run's reuse)."""
-
-# The hardened join rows the scale variant replaces: completing after the last call, and
-# joining an open round.
-_LAST_CALL_ROW = 12 + _REUSE
-_JOIN_OPEN_ROW = 13 + _REUSE
-assert HARDENED.tables[Op.JOIN].rows[_LAST_CALL_ROW].then is Action.MARK_RENDEZVOUS_COMPLETE
-assert HARDENED.tables[Op.JOIN].rows[_JOIN_OPEN_ROW].then is Action.ADD_TO_PARTICIPANTS
-
-_GIVE_UP_ROW = 9 + _REUSE
-assert HARDENED.tables[Op.JOIN].rows[_GIVE_UP_ROW].then is Action.ERROR_TIMEOUT
-
-_STAND_BY_BEAT_ROW = 2 + _REUSE
-_STAND_BY_SYNC_ROW = 3 + _REUSE
-_WAITING_BEAT_ROW = 14 + _REUSE
-_WAITING_SYNC_ROW = 15 + _REUSE
-assert HARDENED.tables[Op.JOIN].rows[_STAND_BY_BEAT_ROW].then is Action.KEEP_ALIVE
-assert HARDENED.tables[Op.JOIN].rows[_STAND_BY_SYNC_ROW].then is Action.SYNC
-assert HARDENED.tables[Op.JOIN].rows[_WAITING_BEAT_ROW].then is Action.KEEP_ALIVE
-assert HARDENED.tables[Op.JOIN].rows[_WAITING_SYNC_ROW].then is Action.SYNC
 
 SCALE = HARDENED.derive(
     "scale",
@@ -456,114 +415,7 @@ SCALE = HARDENED.derive(
         "passes while only announced takes its announcement back."
     ),
     heartbeats=KEY_BEATS,
-    rows={
-        (Op.JOIN, _STAND_BY_BEAT_ROW): row(
-            Atom.REDUNDANT,
-            Atom.AT_MAX,
-            Atom.BEAT_DUE,
-            then=Action.BEAT,
-            why="stay alive while waiting for room",
-        ),
-        (Op.JOIN, _WAITING_BEAT_ROW): row(
-            Atom.BEAT_DUE, then=Action.BEAT, why="heartbeat due while waiting"
-        ),
-        (Op.KEEP_ALIVE, 0): row(
-            ~Atom.BEAT_DUE,
-            ~Atom.WATCH_DUE,
-            ~Atom.MONITORED_DEAD,
-            then=Action.FINISH,
-            why="nothing due, nobody dead",
-        ),
-        (Op.KEEP_ALIVE, 1): row(
-            Atom.PAST_DEADLINE, then=Action.ERROR_TIMEOUT, why="could not keep up in time"
-        ),
-        (Op.KEEP_ALIVE, 2): row(
-            Atom.WATCH_DUE, then=Action.WATCH, why="read the heartbeats we watch"
-        ),
-        (Op.JOIN, _LAST_CALL_ROW): row(
-            ~Atom.COMPLETE,
-            Atom.PARTICIPANT,
-            Atom.SIZE_IN_RANGE,
-            Atom.LAST_CALL_OVER,
-            then=Action.FOLD_AND_COMPLETE,
-            why="last call over: admit the latecomers and complete",
-        ),
-        (Op.JOIN, _JOIN_OPEN_ROW): row(
-            ~Atom.COMPLETE,
-            ~Atom.PARTICIPANT,
-            ~Atom.ANNOUNCED,
-            then=Action.ANNOUNCE,
-            why="the round is open: announce ourselves",
-        ),
-    },
-    insert={
-        (Op.JOIN, _NEWCOMER_SYNC_ROW): (
-            row(
-                Atom.CLOSED,
-                Atom.NEWCOMER,
-                ~Atom.PAST_DEADLINE,
-                Atom.WATCH_DUE,
-                then=Action.WATCH,
-                why="a new job: read the heartbeats of the closed job's nodes still listed",
-            ),
-            row(
-                Atom.CLOSED,
-                Atom.NEWCOMER,
-                ~Atom.PAST_DEADLINE,
-                Atom.MONITORED_DEAD,
-                then=Action.PRUNE_DEAD,
-                why="a node of the closed job is dead: prune it",
-            ),
-        ),
-        (Op.JOIN, _STAND_BY_SYNC_ROW): (
-            row(
-                Atom.REDUNDANT,
-                Atom.AT_MAX,
-                Atom.WATCH_DUE,
-                then=Action.WATCH,
-                why="standing by: read the first participant's heartbeat",
-            ),
-            row(
-                Atom.REDUNDANT,
-                Atom.AT_MAX,
-                Atom.MONITORED_DEAD,
-                then=Action.PRUNE_DEAD,
-                why="the round we stand by for lost its first participant: prune it",
-            ),
-        ),
-        (Op.JOIN, _GIVE_UP_ROW): row(
-            Atom.PAST_DEADLINE,
-            Atom.IN_ROLLBACK_WINDOW,
-            Atom.IN_ANNOUNCEMENTS,
-            then=Action.WITHDRAW,
-            why="take our announcement back before giving up",
-        ),
-        (Op.JOIN, _JOIN_OPEN_ROW + 1): row(
-            ~Atom.COMPLETE,
-            ~Atom.PARTICIPANT,
-            Atom.FOLD_DUE,
-            then=Action.FOLD,
-            why="admit everybody announced so far",
-        ),
-        (Op.JOIN, _WAITING_SYNC_ROW): (
-            row(
-                Atom.COMPLETE,
-                Atom.WAITING,
-                Atom.WATCH_DUE,
-                then=Action.WATCH,
-                why="waiting: read the first participant's heartbeat",
-            ),
-            row(
-                Atom.COMPLETE,
-                Atom.WAITING,
-                Atom.MONITORED_DEAD,
-                then=Action.PRUNE_DEAD,
-                why="the round we wait for lost its first participant: prune it",
-            ),
-        ),
-        (Op.KEEP_ALIVE, 2): row(Atom.BEAT_DUE, then=Action.BEAT, why="write our heartbeat key"),
-        (Op.KEEP_ALIVE, 3): row(then=Action.PRUNE_DEAD, why="a watched node is dead: prune it"),
-    },
+    tables={Op.JOIN: SCALE_JOIN, Op.KEEP_ALIVE: SCALE_KEEP_ALIVE},
     folds={
         Action.FOLD: fold_announced_clearing_wait_list,
         Action.FOLD_AND_COMPLETE: fold_and_complete_clearing_wait_list,

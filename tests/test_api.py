@@ -492,6 +492,14 @@ def test_every_transition_is_logged_as_json(caplog: pytest.LogCaptureFixture) ->
         assert handler.variant.name == DEFAULT_PROTOCOL
         joined = "fold_announcements" if handler.variant.announces else "add_to_participants"
         assert joined in actions and actions[-1] == "finish"
+        # Each decision names its table row by its stable name (schema 2).
+        rows = [r["row"] for r in records if r["action"]]
+        assert {r["schema"] for r in records} == {rdzv_events.SCHEMA} == {2}
+        assert (
+            f"join.{'fold_announcements' if handler.variant.announces else 'join_open_round'}"
+            in rows
+        )
+        assert rows[-1] == "join.complete_with_us"
         last = records[-1]
         assert last["request"] == "done" and last["complete"] is True and last["round"] == 0
         assert last["version"] == rdzv_events.state_version(store.get("rdzv/job/state"))

@@ -46,7 +46,7 @@ def test_decision_diagram_lists_rows_in_order_with_guards() -> None:
     dot = diagrams.decision_dot(UPSTREAM, table)
     positions = []
     for index, r in enumerate(table.rows):
-        label = f"row {index}: " + r.guard_text().replace(" and ", "\\nand ")
+        label = f"{r.name}:\\n" + r.guard_text().replace(" and ", "\\nand ")
         assert label in dot
         assert r.then.value in dot
         positions.append(dot.index(f"row{index} ["))
@@ -57,7 +57,7 @@ def test_a_changed_table_makes_the_committed_diagrams_stale() -> None:
     changed = UPSTREAM.derive(
         "upstream",
         description=UPSTREAM.description,
-        rows={(Op.CLOSE, 0): row(Atom.CLOSED, then=Action.ERROR_CLOSED)},
+        rows={(Op.CLOSE, 0): row("refuse", Atom.CLOSED, then=Action.ERROR_CLOSED)},
     )
     expected = diagrams.generate({"upstream": changed})
     stale = diagrams.stale_files(diagrams.DOCS, expected)
@@ -100,8 +100,8 @@ def test_lifecycle_edges_come_from_the_effects() -> None:
     # Nothing leaves "closed".
     assert {e.target for e in shared if e.source == "closed"} == {"closed"}
     # A late node queues up; a node in a full complete round stands by.
-    assert diagrams.Edge("joining", "waiting", "9: add_to_wait_list") in node
-    assert diagrams.Edge("joining", "redundant", "10: add_to_redundancy_list") in node
+    assert diagrams.Edge("joining", "waiting", "queue_for_next_round") in node
+    assert diagrams.Edge("joining", "redundant", "stand_by") in node
 
 
 def test_phase_classification() -> None:
@@ -138,4 +138,6 @@ def test_every_diagram_is_readable_at_page_width() -> None:
     assert page.startswith("---\nhide:\n  - toc\n---\n")  # the drawings get the page's width
     # Each drawing links to its full-size SVG.
     assert "[![upstream: Shared-state lifecycle](diagrams/upstream-shared-lifecycle.svg)]" in page
-    assert "| 12 | `add_to_participants` | joining → participant, waiting → participant |" in page
+    row = "| `join.join_open_round` | `add_to_participants` | "
+    row += "joining → participant, waiting → participant |"
+    assert row in page

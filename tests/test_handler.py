@@ -362,8 +362,9 @@ def pass_the_deadline_alone(
         assert stored_state(store).participants == ()
         clock.advance(5.0)  # past the rollback window: it gives up
     else:
-        # Past the deadline the node takes its announcement back (scale's join row 16)
-        # and, listed nowhere in the state, gives up at once: it has no entry to roll back.
+        # Past the deadline the node takes its announcement back (scale's row
+        # join.withdraw_announcement) and, listed nowhere in the state, gives up at once: it
+        # has no entry to roll back.
         clock.advance(seconds + 0.001)
 
 

@@ -182,8 +182,13 @@ def test_the_counterexample_is_structured_moves_with_the_text_kept(
         "n_0_0",
     )
     assert first["rows"] == [
-        {"node": "n_0_0", "table": "exit", "row": 0, "action": "finish"},
-        {"node": "n_0_0", "table": "join", "row": 12, "action": "add_to_participants"},
+        {"node": "n_0_0", "table": "exit", "row": "exit.nothing_to_leave", "action": "finish"},
+        {
+            "node": "n_0_0",
+            "table": "join",
+            "row": "join.join_open_round",
+            "action": "add_to_participants",
+        },
     ]
     assert first["writes"] == [] and first["changes"][0]["after"] == "n_0_0 rdzv op=join/writing"
     assert second["writes"] == [

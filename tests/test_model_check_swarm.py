@@ -118,7 +118,7 @@ def test_swarm_json_document(capsys: Capsys) -> None:
     rows = doc["coverage"]["rows"]
     assert len(rows) == doc["coverage"]["rows_total"]
     assert doc["coverage"]["never_hit"] == [
-        f"{r['table']} row {r['row']} -> {r['action']}" for r in rows if not r["hits"]
+        f"{r['row']} -> {r['action']}" for r in rows if not r["hits"]
     ]
     names = {p["name"] for p in doc["properties"]}
     assert {"calls_end_as_specified", "livelock", "completion_assigns_ranks"} <= names

@@ -409,7 +409,9 @@ def test_table_without_the_complete_guard_breaks_participants_within_max(
     broken = UPSTREAM.derive(
         "no-complete-guard",
         description="join an open or complete round alike",
-        rows={(Op.JOIN, 12): row(~Atom.PARTICIPANT, then=Action.ADD_TO_PARTICIPANTS)},
+        rows={
+            (Op.JOIN, 12): row("join_any_round", ~Atom.PARTICIPANT, then=Action.ADD_TO_PARTICIPANTS)
+        },
     )
     assert P.report(P.Prover(broken).prove(), failures_only=True, times=False) == 1
     printed = capsys.readouterr().out
@@ -431,7 +433,7 @@ def test_table_without_a_catch_all_is_not_total() -> None:
 
 
 def test_a_shadowed_row_is_dead() -> None:
-    shadow = row(Atom.CLOSED, then=Action.ERROR_CLOSED)
+    shadow = row("shadow", Atom.CLOSED, then=Action.ERROR_CLOSED)
     broken = UPSTREAM.derive("shadow", description="x", insert={(Op.JOIN, 0): shadow})
     failed = failures(broken)
     # The new row 0 shadows the old rows 0 and 1 (now 1 and 2); nothing else fails.

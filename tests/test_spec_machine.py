@@ -85,7 +85,7 @@ def test_join_transcript_from_an_empty_store_to_completion() -> None:
 
     # The key is absent: join the open round and write it.
     s = step(s.local, ReadResult(None, None, at()), CONFIG)
-    assert (s.action, s.row) == (Action.ADD_TO_PARTICIPANTS, 12)
+    assert (s.action, s.row) == (Action.ADD_TO_PARTICIPANTS, "join.join_open_round")
     assert isinstance(s.request, CompareAndSet)
     assert s.request.token is None
     written = decode(s.request.data)
@@ -95,7 +95,7 @@ def test_join_transcript_from_an_empty_store_to_completion() -> None:
 
     # The write succeeded: nothing to do but wait (below min_nodes).
     s = step(s.local, CasResult(s.request.data, 1, True, at(3)), CONFIG)
-    assert (s.action, s.row) == (Action.SYNC, 14)
+    assert (s.action, s.row) == (Action.SYNC, "join.wait")
     assert s.request == Wait(STATE_KEY, 1, MONO + INTERVAL)  # our heartbeat becomes due
     assert not s.local.dirty and s.local.synced_at == MONO + 3
 
@@ -115,7 +115,7 @@ def test_join_transcript_from_an_empty_store_to_completion() -> None:
     # Our heartbeat falls due: refresh it.
     s = step(s.local, WokeUp(at(INTERVAL)), CONFIG)
     s = read(s, two, 2, dt=INTERVAL)
-    assert (s.action, s.row) == (Action.KEEP_ALIVE, 13)
+    assert (s.action, s.row) == (Action.KEEP_ALIVE, "join.keep_alive_while_waiting")
     assert isinstance(s.request, CompareAndSet)
     assert s.request.token == 2
     refreshed = decode(s.request.data)
@@ -127,12 +127,12 @@ def test_join_transcript_from_an_empty_store_to_completion() -> None:
     end = SETTINGS.last_call_timeout + 21
     s = step(s.local, WokeUp(at(end)), CONFIG)
     s = read(s, refreshed.evolve(last_heartbeats={ME: WALL + end, A: WALL + end}), 3, dt=end)
-    assert (s.action, s.row) == (Action.MARK_RENDEZVOUS_COMPLETE, 11)
+    assert (s.action, s.row) == (Action.MARK_RENDEZVOUS_COMPLETE, "join.complete_after_last_call")
     assert isinstance(s.request, CompareAndSet)
     final = decode(s.request.data)
     assert final.complete and final.participant_map() == {ME: 0, A: 1}
     s = step(s.local, CasResult(s.request.data, 4, True, at(end)), CONFIG)
-    assert (s.action, s.row) == (Action.FINISH, 5)
+    assert (s.action, s.row) == (Action.FINISH, "join.complete_with_us")
     assert s.request == Done(Op.JOIN)
     assert s.local.phase is Phase.IDLE and s.local.op is None
     assert s.local.view == final
@@ -143,13 +143,13 @@ def test_exit_transcript() -> None:
         complete=True, participants={ME: 0, A: 1}, last_heartbeats={ME: WALL, A: WALL}
     )
     s = read(started(Op.EXIT), init, 7)
-    assert (s.action, s.row) == (Action.REMOVE_FROM_PARTICIPANTS, 1)
+    assert (s.action, s.row) == (Action.REMOVE_FROM_PARTICIPANTS, "exit.leave_round")
     assert isinstance(s.request, CompareAndSet)
     assert s.request.token == 7
     assert decode(s.request.data).participant_map() == {A: 1}
     s = step(s.local, CasResult(s.request.data, 8, True, at(1)), CONFIG)
     assert s.request == Done(Op.EXIT)
-    assert s.row == 0
+    assert s.row == "exit.nothing_to_leave"
 
 
 def test_close_transcript() -> None:
@@ -189,7 +189,7 @@ def test_join_failures_from_the_table(
 def test_join_timeout_fails_with_timeout() -> None:
     s = step(Local(ME), StartOp(Op.JOIN, MONO - 1, at()), CONFIG)
     s = read(s, RendezvousState.build(), 1)
-    assert (s.action, s.row) == (Action.ERROR_TIMEOUT, 8)
+    assert (s.action, s.row) == (Action.ERROR_TIMEOUT, "join.timed_out")
     assert isinstance(s.request, Fail)
     assert s.request.kind is FailKind.TIMEOUT
     assert "join" in s.request.message and "deadline" in s.request.message
@@ -408,7 +408,7 @@ def test_leaving_the_redundancy_list_resets_the_op_deadline() -> None:
     )
     s = step(Local(ME), StartOp(Op.JOIN, MONO + 10, at()), CONFIG)
     s = step(s.local, ReadResult(encode(state, PROTOCOL), 1, at(777)), CONFIG)
-    assert (s.action, s.row) == (Action.REMOVE_FROM_REDUNDANCY_LIST, 4)
+    assert (s.action, s.row) == (Action.REMOVE_FROM_REDUNDANCY_LIST, "join.standby_retry")
     assert s.local.deadline == MONO + 777 + JOIN
     assert isinstance(s.request, CompareAndSet)
 

@@ -144,10 +144,10 @@ def test_a_fold_stops_at_max_nodes_and_completes() -> None:
 def test_scale_is_a_named_diff_of_hardened() -> None:
     assert VARIANTS["scale"] is SCALE
     assert SCALE.parent == HARDENED.name
-    # join: 4 rows replaced and 8 inserted (a fold, a withdrawal, and a watch and a prune
-    # for each kind of standing by, and for a newcomer waiting at a closed run);
-    # keep_alive: 3 replaced and 2 inserted; two folds; heartbeats under keys.
-    assert len(SCALE.changes) == 20
+    # join: 4 rows replaced (4 removed, 4 added) and 8 added (a fold, a withdrawal, and a
+    # watch and a prune for each kind of standing by, and for a newcomer waiting at a closed
+    # run); keep_alive: 3 removed and 5 added; two folds; heartbeats under keys.
+    assert len(SCALE.changes) == 27
     assert SCALE.changes[-1] == "heartbeats: state -> keys"
     actions = [r.then for r in SCALE.table(Op.JOIN).rows]
     assert Action.ADD_TO_PARTICIPANTS not in actions
@@ -159,7 +159,7 @@ def test_a_folding_row_without_its_fold_is_rejected() -> None:
         HARDENED.derive(
             "broken",
             description="a fold row and no fold",
-            insert={(Op.JOIN, 0): row(Atom.FOLD_DUE, then=Action.FOLD)},
+            insert={(Op.JOIN, 0): row("fold", Atom.FOLD_DUE, then=Action.FOLD)},
         )
 
 

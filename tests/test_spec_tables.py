@@ -23,6 +23,7 @@ from spec.state import NodeId, RendezvousState
 from spec.tables import (
     ATOM_DOCS,
     QUERY,
+    ROW_NAME,
     UPSTREAM_CLOSE,
     UPSTREAM_EXIT,
     UPSTREAM_JOIN,
@@ -30,6 +31,7 @@ from spec.tables import (
     Atom,
     Context,
     NoRowMatches,
+    Row,
     Table,
     row,
 )
@@ -293,7 +295,7 @@ def test_every_atom_is_documented() -> None:
 
 
 def test_a_table_without_a_match_raises_no_row_matches() -> None:
-    partial = Table(Op.CLOSE, (row(Atom.CLOSED, then=Action.FINISH),))
+    partial = Table(Op.CLOSE, (row("already_closed", Atom.CLOSED, then=Action.FINISH),))
     ctx = S().context()
     with pytest.raises(NoRowMatches, match="no row of the close table matches") as info:
         partial.select(ctx)
@@ -491,10 +493,8 @@ def test_every_table_that_differs_from_upstream_is_documented() -> None:
 def test_protocol_doc_lists_every_row(table_name: str) -> None:
     table, heading = DOCUMENTED_TABLES[table_name]
     section = _doc_section(heading)
-    rows = [line for line in section if line.startswith("| ") and line[2].isdigit()]
-    expected = [
-        f"| {i} | `{r.guard_text()}` | `{r.then.value}` |" for i, r in enumerate(table.rows)
-    ]
+    rows = [line for line in section if line.startswith("| `")]
+    expected = [f"| `{r.name}` | `{r.guard_text()}` | `{r.then.value}` |" for r in table.rows]
     assert len(rows) == len(expected), (
         f"docs/protocol.md lists {len(rows)} rows for {table_name}, the table has "
         f"{len(expected)}; update the doc"
@@ -508,3 +508,49 @@ def test_protocol_doc_lists_every_atom() -> None:
     for atom in Atom:
         line = f"| `{atom.value}` | {atom.doc} |"
         assert line in section, f"docs/protocol.md: atom line missing or stale: {line!r}"
+
+
+# -- row names ---------------------------------------------------------------------------
+
+
+def _every_table() -> list[tuple[str, Table]]:
+    """Every table of every named and planted variant, with where it comes from."""
+    from model_check.planted import PLANTED
+
+    variants = {n: get_variant(n) for n in ("upstream", "torch-2.13", "hardened", "scale")}
+    variants.update(PLANTED)
+    return [(f"{name}:{op.value}", v.tables[op]) for name, v in variants.items() for op in Op]
+
+
+def test_every_row_has_a_name_unique_in_its_table() -> None:
+    for where, table in _every_table():
+        names = [r.name for r in table.rows]
+        assert all(ROW_NAME.fullmatch(n) for n in names), f"{where}: unnamed row in {names}"
+        assert len(names) == len(set(names)), f"{where}: duplicate row names in {names}"
+
+
+def test_a_row_name_means_the_same_row_in_every_variant() -> None:
+    """A row the variants share keeps its name; a changed row gets a new one. So
+    ``join.timed_out`` in a trace of any variant is the same rule."""
+    seen: dict[str, tuple[str, Row]] = {}
+    for name in ("upstream", "torch-2.13", "hardened", "scale"):
+        for op, table in get_variant(name).tables.items():
+            for index, r in enumerate(table.rows):
+                qualified = table.qualified(index)
+                assert qualified == f"{op.value}.{r.name}"
+                first = seen.setdefault(qualified, (name, r))
+                assert first[1] == r, f"{qualified} differs between {first[0]} and {name}"
+
+
+def test_tables_refuse_duplicate_and_malformed_names() -> None:
+    with pytest.raises(ValueError, match="two rows named 'wait'"):
+        Table(Op.CLOSE, (row("wait", then=Action.SYNC), row("wait", then=Action.FINISH)))
+    with pytest.raises(ValueError, match="not a snake_case identifier"):
+        row("Row 7", then=Action.SYNC)
+
+
+def test_rows_are_found_by_name() -> None:
+    assert UPSTREAM_JOIN.index("join.timed_out") == UPSTREAM_JOIN.index("timed_out") == 8
+    assert UPSTREAM_JOIN.named("wait") is UPSTREAM_JOIN.rows[-1]
+    with pytest.raises(KeyError, match="the join table has no row 'nope'"):
+        UPSTREAM_JOIN.index("nope")
