@@ -119,7 +119,7 @@ def explore(
             for move in moves:
                 out = apply(world, move, cfg)
                 result.states += 1
-                calm_edge = move.kind not in _FAULT_MOVES
+                calm_edge = move.kind not in FAULT_MOVES
                 if out.violations:
                     if calm_edge:
                         graph.calm_dst.append(_ESCAPE)
@@ -205,7 +205,7 @@ def explore(
         return _finish(result, start, canon, graph, keep_fingerprints)
 
 
-_FAULT_MOVES = frozenset(
+FAULT_MOVES = frozenset(
     {*FAULT_KINDS, "cas_unknown_applied", "cas_unknown_lost"} - {"cas_unknown"}
     | {CONTROL_MOVES[k] for k in ("cas_unknown_applied", "cas_unknown_lost", "store_down")}
     | {"fail_worker", "store_outage"}
@@ -631,7 +631,7 @@ def doomed_from(world: World, cfg: ModelConfig) -> list[str] | None:
             return None
         current = queue.popleft()
         for move in enabled(current, cfg):
-            if move.kind in _FAULT_MOVES:
+            if move.kind in FAULT_MOVES:
                 continue
             out = apply(current, move, cfg)
             if out.violations or not unfinished_calls(out.world, cfg):

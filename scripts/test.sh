@@ -32,5 +32,22 @@ done
 python3 -m pip install --quiet --disable-pip-version-check 'torch==2.13.0'
 python3 -m pip install --quiet --disable-pip-version-check -e '.[test,torch,redis,etcd,bench]'
 
+# Given test paths or node ids (anything that is not an option), run just those, one at a
+# time. Otherwise the whole suite in two parts: first the tests that only compute (marked
+# "cpu" by tests/conftest.py: the checker, the prover, spec, docs) on every core at once
+# (pytest-xdist), then the others, one at a time, as they wait on real processes and
+# servers. Both parts always run; the script fails if either does.
 # pytest's exit status 5 ("no tests collected") fails this script like any other failure.
-exec python3 -m pytest "$@"
+for arg in "$@"; do
+    case "$arg" in
+        -*) ;;
+        *) exec python3 -m pytest "$@" ;;
+    esac
+done
+workers="$(python3 -c 'import os; print(max(1, len(os.sched_getaffinity(0))))')"
+status=0
+echo "== tests that only compute, on $workers cores"
+python3 -m pytest -m cpu -n "$workers" "$@" || status=$?
+echo "== tests of real processes, servers and threads, one at a time"
+python3 -m pytest -m "not cpu" "$@" || status=$?
+exit "$status"

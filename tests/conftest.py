@@ -7,12 +7,28 @@ reproducible; locally the default profile explores new examples each run.
 from __future__ import annotations
 
 import os
+import re
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # Every handler of the test run, in this process and in the processes it starts (they
 # inherit the environment), checks spec.invariants on each state it reads or writes.
 os.environ["RDZV_CHECK_INVARIANTS"] = "1"
+
+CPU_FILES = re.compile(
+    r"test_(model_check.*|prove|spec_.*|diagrams|docs_tables|layering|lockstep)\.py"
+)
+"""Test files that only compute (no servers, processes or real time): marked ``cpu``, so
+that scripts/test.sh runs them on every core at once and the rest, some of which wait on
+real processes with generous but real bounds, one at a time."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if CPU_FILES.fullmatch(item.path.name):
+            item.add_marker(pytest.mark.cpu)
+
 
 settings.register_profile(
     "ci",
@@ -33,7 +49,6 @@ from contextlib import ExitStack  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, TypeVar  # noqa: E402
 
-import pytest  # noqa: E402
 from servers import Certs, EtcdServer, RedisServer, TcpProxy, make_certs  # noqa: E402
 
 
