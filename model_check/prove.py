@@ -1219,7 +1219,10 @@ class Prover:
             lines = []
             chosen = table.select(c.context)
             if chosen != index:
-                lines.append(f"note: spec's table selects row {chosen} here, not row {index}")
+                lines.append(
+                    f"note: spec's table selects row {table.qualified(chosen)} here, not "
+                    f"{table.qualified(index)}"
+                )
             after_real = effect(c.before, c.node, c.settings, c.wall_now)
             return lines + _replay_lines(c.before, after_real, c.settings, effect.__name__)
 
@@ -1281,7 +1284,7 @@ class Prover:
         def replay(c: Concrete) -> list[str]:
             assert c.context is not None
             try:
-                return [f"spec's table selects row {table.select(c.context)} here"]
+                return [f"spec's table selects row {table.qualified(table.select(c.context))} here"]
             except Exception as exc:  # NoRowMatches is the expected one
                 return [f"spec confirms: {type(exc).__name__}: {exc}"]
 
@@ -1452,7 +1455,7 @@ class Prover:
         )
         table = self.variant.table(op)
         for index, r in enumerate(table.rows):
-            yield self.liveness(op, index, f"{self.variant.name}: {op.value} row {index} "
+            yield self.liveness(op, index, f"{self.variant.name}: {table.qualified(index)} "
                                 f"({r.then.value}) is live")  # fmt: skip
 
     def liveness(self, op: Op, index: int, name: str) -> Outcome:
@@ -1499,7 +1502,8 @@ class Prover:
                     time.perf_counter() - started,
                     [
                         "the symbolic model disagrees with spec on its witness "
-                        f"(spec selects row {chosen}, invariant problems {problems}): "
+                        f"(spec selects row {table.qualified(chosen)}, invariant problems "
+                        f"{problems}): "
                         "model_check/prove.py has drifted from spec",
                         f"  witness: {concrete.before.describe()}",
                     ],
@@ -1512,7 +1516,7 @@ class Prover:
         for index, r in enumerate(table.rows):
             if r.then.mutates:
                 yield from self.check_setup(
-                    f"{self.variant.name}: {op.value} row {index} ({r.then.value})",
+                    f"{self.variant.name}: {table.qualified(index)} ({r.then.value})",
                     lambda w, index=index: self.setup_row(w, op, index),  # type: ignore[misc]
                     "counterexample to induction",
                 )

@@ -230,7 +230,10 @@ def test_a_planted_fold_that_ignores_max_nodes_fails_the_proof() -> None:
     fold_row = next(
         i for i, r in enumerate(VARIANTS["scale"].table(Op.JOIN).rows) if r.then is Action.FOLD
     )
-    key = f"scale: join row {fold_row} (fold_announcements) keeps participants_within_max"
+    key = (
+        f"scale: {VARIANTS['scale'].table(Op.JOIN).qualified(fold_row)} (fold_announcements) "
+        "keeps participants_within_max"
+    )
     assert key in failed, sorted(failed)
 
 
@@ -357,20 +360,23 @@ def test_every_obligation_holds_for_every_variant(name: str) -> None:
     for op in Op:
         assert f"{name}: {op.value} table is total" in names
         for i in range(len(VARIANTS[name].table(op).rows)):
-            assert any(n.startswith(f"{name}: {op.value} row {i} (") for n in names)
+            qualified = VARIANTS[name].table(op).qualified(i)
+            assert any(n.startswith(f"{name}: {qualified} (") for n in names)
     assert f"{name}: sanitize keeps lists_disjoint" in names
     join = VARIANTS[name].table(Op.JOIN)
     joins = (Action.ADD_TO_PARTICIPANTS, Action.FOLD)
     add = next(i for i, r in enumerate(join.rows) if r.then in joins)
     action = join.rows[add].then.value
-    assert f"{name}: join row {add} ({action}) keeps participants_within_max" in names
+    assert f"{name}: {join.qualified(add)} ({action}) keeps participants_within_max" in names
 
 
 def test_main_exits_zero_and_names_each_obligation(capsys: pytest.CaptureFixture[str]) -> None:
     assert P.main(["--variant", "upstream", "--no-times"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("prove: protocols=upstream nodes=any")
-    assert "holds   upstream: exit row 1 (remove_from_participants) keeps lists_disjoint" in out
+    assert (
+        "holds   upstream: exit.leave_round (remove_from_participants) keeps lists_disjoint" in out
+    )
     assert out.rstrip().splitlines()[-1].endswith("fail=0 unknown=0")
 
 
@@ -418,7 +424,10 @@ def test_table_without_the_complete_guard_breaks_participants_within_max(
     assert printed.splitlines()[-1].startswith("obligations=")
     assert " fail=0 " not in printed
     failed = failures(broken)
-    name = "no-complete-guard: join row 12 (add_to_participants) keeps participants_within_max"
+    name = (
+        "no-complete-guard: join.join_open_round (add_to_participants) keeps "
+        "participants_within_max"
+    )
     assert name in failed
     detail = failed[name]
     assert "counterexample to induction" in detail
@@ -438,8 +447,8 @@ def test_a_shadowed_row_is_dead() -> None:
     failed = failures(broken)
     # The new row 0 shadows the old rows 0 and 1 (now 1 and 2); nothing else fails.
     assert sorted(failed) == [
-        "shadow: join row 1 (error_graceful_exit) is live",
-        "shadow: join row 2 (error_closed) is live",
+        "shadow: join.closed (error_closed) is live",
+        "shadow: join.closed_while_redundant (error_graceful_exit) is live",
     ]
     assert all("dead row" in detail for detail in failed.values())
 
@@ -489,11 +498,11 @@ def s_leave_reopens(
 
 PLANTED: list[tuple[Action, E.Effect, P.SymEffect, str]] = [
     (Action.ADD_TO_PARTICIPANTS, add_keeping_wait_list, s_add_keeping_wait_list,
-     "join row 12 (add_to_participants) keeps lists_disjoint"),
+     "join.join_open_round (add_to_participants) keeps lists_disjoint"),
     (Action.MARK_RENDEZVOUS_COMPLETE, complete_in_reverse, s_complete_in_reverse,
-     "join row 11 (mark_rendezvous_complete) keeps complete_ranks_distinct"),
+     "join.complete_after_last_call (mark_rendezvous_complete) keeps complete_ranks_distinct"),
     (Action.REMOVE_FROM_PARTICIPANTS, leave_reopens, s_leave_reopens,
-     "exit row 1 (remove_from_participants) respects closed_reopens_empty"),
+     "exit.leave_round (remove_from_participants) respects closed_reopens_empty"),
 ]  # fmt: skip
 
 
@@ -534,7 +543,7 @@ def test_an_effect_without_a_symbolic_model_fails_loudly() -> None:
         "unmodelled", description="x", effects={Action.REMOVE_FROM_PARTICIPANTS: leave_reopens}
     )
     failed = failures(broken)
-    key = "unmodelled: exit row 1 (remove_from_participants) has a symbolic model"
+    key = "unmodelled: exit.leave_round (remove_from_participants) has a symbolic model"
     assert "has no symbolic model" in failed[key]
 
 
