@@ -110,6 +110,7 @@ from spec.machine import (
     Withdrawn,
     WokeUp,
     adopt_job,
+    keep_alive_due,
     nodes_waiting,
     start_event,
     step,
@@ -1091,8 +1092,12 @@ class _Heartbeat:
         clock: Clock,
         join_timeout: float,
         name: str,
+        first_due: float,
     ) -> None:
+        """``first_due``: when the first keep-alive is due, on ``clock``'s monotonic clock
+        (:func:`spec.machine.keep_alive_due`)."""
         self._ref = weakref.ref(handler)
+        self._first_due = first_due
         self._interval = interval
         self._clock = clock
         self._join_timeout = join_timeout
@@ -1106,7 +1111,7 @@ class _Heartbeat:
         # Bounded by ``stopping``: set on shutdown, on the next rendezvous, and when the
         # handler is garbage-collected (then ``self._ref()`` is None as well).
         failing = False
-        due = self._clock.monotonic() + self._interval
+        due = self._first_due
         while not self.stopping.is_set():
             if self._clock.sleep(due - self._clock.monotonic(), self.stopping):
                 return
@@ -1849,7 +1854,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._run(Op.KEEP_ALIVE, deadline)
 
     def _start_heartbeats(self) -> bool:
-        """Start the keep-alive thread; False (and no thread) once the handler is shut down."""
+        """Start the keep-alive thread; False (and no thread) once the handler is shut down.
+        The first keep-alive is due an interval after the node's last heartbeat write
+        (:func:`spec.machine.keep_alive_due`), not an interval after now."""
+        driver = self._driver
+        due = keep_alive_due(driver.local, now_of(driver.clock), self._config)
         return self._heartbeats.start(
             lambda: _Heartbeat(
                 self,
@@ -1857,6 +1866,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 self._clock,
                 self._settings.timeout.heartbeat.total_seconds() + HEARTBEAT_JOIN_SLACK,
                 name=f"rdzv-keep-alive-{self._node}",
+                first_due=to_seconds(due),
             )
         )
 

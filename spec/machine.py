@@ -864,6 +864,29 @@ def _failure_message(op: Op, kind: FailKind, local: Local) -> str:
     return f"the {op.value} operation of node {local.node} did not finish before its deadline"
 
 
+def keep_alive_due(local: Local, now: Now, config: Config) -> Millis:
+    """The monotonic instant at which a node that has just returned from a join (``local``
+    is its machine state) owes its first keep-alive: one ``keep_alive_interval`` after
+    its own last heartbeat write, as ``local`` knows it (``beat_at`` under heartbeat keys;
+    its heartbeat in its view otherwise, a time on its own wall clock, converted with the
+    current offset between its clocks), and now if that is past. A node that knows of no
+    write of its own owes one an interval from now. Counting from the last write rather
+    than from the return keeps the gap between two heartbeat writes within an interval
+    (plus a keep-alive's own duration), as the model checker's tick assumes, however long
+    the join waited after its last beat."""
+    interval = config.settings.keep_alive_interval
+    if config.variant.heartbeats == KEY_BEATS:
+        last = local.beat_at
+    else:
+        own = local.view.heartbeat_of(local.node)
+        last = None if own is None else now.mono - (now.wall - own)
+    if last is None:
+        return now.mono + interval
+    # A write that seems to lie ahead (the wall clock stepped back since) counts as now:
+    # the first keep-alive is never more than an interval away.
+    return max(now.mono, min(last, now.mono) + interval)
+
+
 def next_timer(ctx: Context, config: Config, local: Local | None = None) -> Millis:
     """The earliest monotonic instant after now at which some guard or sanitize may
     change its verdict without any write to the store.

@@ -12,8 +12,11 @@ import threading
 
 import pytest
 
+import spec
+from rdzv.backend import StoreRendezvousBackend
 from rdzv.clock import FakeClock
-from rdzv.handler import _Heartbeat, next_keep_alive
+from rdzv.handler import DynamicRendezvousHandler, _Heartbeat, next_keep_alive
+from rdzv.stores import open_store
 
 INTERVAL = 5.0
 WAIT_S = 10.0
@@ -57,7 +60,8 @@ class SlowHandler:
 def _keep_alive_starts(duration: float, count: int) -> list[float]:
     clock = RecordingClock()
     handler = SlowHandler(clock, duration)
-    timer = _Heartbeat(handler, INTERVAL, clock, WAIT_S, name="test-keep-alive")  # type: ignore[arg-type]
+    first = clock.monotonic() + INTERVAL
+    timer = _Heartbeat(handler, INTERVAL, clock, WAIT_S, name="test-keep-alive", first_due=first)  # type: ignore[arg-type]
     timer.start()
     try:
         for i in range(count):  # bounded: one keep-alive per pass
@@ -90,3 +94,59 @@ def test_a_late_keep_alive_moves_the_schedule_instead_of_bursting() -> None:
     # On time or early: one interval after the due time.
     assert next_keep_alive(10.0, 10.0, INTERVAL) == 15.0
     assert next_keep_alive(10.0, 9.5, INTERVAL) == 15.0
+
+
+def _local_with_beat(variant: spec.Variant, now: spec.Now, age: int) -> spec.Local:
+    node = spec.NodeId("a", 1, 0)
+    local = spec.Local(node)
+    if variant.heartbeats == spec.KEY_BEATS:
+        return spec.evolve(local, beat_at=now.mono - age)
+    view = spec.RendezvousState(round=0, last_heartbeats=((node, now.wall - age),))
+    return spec.evolve(local, view=view)
+
+
+@pytest.mark.parametrize("variant", [spec.UPSTREAM, spec.HARDENED, spec.SCALE])
+def test_the_first_keep_alive_is_due_an_interval_after_the_last_heartbeat(
+    variant: spec.Variant,
+) -> None:
+    settings = spec.Settings(min_nodes=1, max_nodes=2, keep_alive_interval=5000)
+    config = spec.Config(settings, variant)
+    now = spec.Now(mono=100_000, wall=7_000_000)
+    # Written 3 s before the join returned: due 2 s after the return, not 5 s.
+    assert spec.keep_alive_due(_local_with_beat(variant, now, 3000), now, config) == 102_000
+    # Written longer than an interval ago: due at once.
+    assert spec.keep_alive_due(_local_with_beat(variant, now, 9000), now, config) == 100_000
+    # A write that seems to lie ahead (a wall clock stepped back): an interval from now.
+    assert spec.keep_alive_due(_local_with_beat(variant, now, -60_000), now, config) == 105_000
+    # No write known: an interval from now.
+    assert spec.keep_alive_due(spec.Local(spec.NodeId("a", 1, 0)), now, config) == 105_000
+
+
+@pytest.mark.parametrize("protocol", ["upstream", "hardened", "scale"])
+def test_the_handler_counts_its_first_keep_alive_from_its_last_heartbeat(protocol: str) -> None:
+    """A node whose keep-alive timer starts 3 s after its join's heartbeat write owes the
+    first keep-alive 2 s later, not a whole interval later (which would leave its
+    heartbeat 8 s old, where the model checker assumes at most one interval)."""
+    clock = FakeClock()
+    store = open_store(f"memory://first-keep-alive-{protocol}")
+    handler = DynamicRendezvousHandler.from_backend(
+        "job", store, StoreRendezvousBackend(store, "job"), 1, 1,
+        keep_alive_interval=INTERVAL, clock=clock, cache_duration=0, protocol=protocol,
+    )  # fmt: skip
+    try:
+        handler.next_rendezvous()
+        joined = clock.monotonic()
+        handler._stop_heartbeats()
+        clock.advance(3.0)
+        assert handler._start_heartbeats()
+        current = handler._heartbeats.current
+        assert current is not None
+        if protocol == "scale":
+            # A lone node's scale join completes without writing its heartbeat key (its
+            # first beat is the first keep-alive): an interval from now, as before.
+            assert handler.driver.local.beat_at is None
+            assert current._first_due == pytest.approx(joined + 3.0 + INTERVAL)
+        else:
+            assert current._first_due == pytest.approx(joined + INTERVAL)
+    finally:
+        handler.shutdown()
