@@ -47,7 +47,7 @@ done
 workers="$(python3 -c 'import os; print(max(1, len(os.sched_getaffinity(0))))')"
 status=0
 echo "== tests that only compute, on $workers cores"
-python3 -m pytest -m cpu -n "$workers" "$@" || status=$?
+python3 -m pytest -m cpu -n "$workers" --dist worksteal "$@" || status=$?
 echo "== tests of real processes, servers and threads, one at a time"
 python3 -m pytest -m "not cpu" "$@" || status=$?
 exit "$status"
