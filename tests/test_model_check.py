@@ -817,7 +817,7 @@ FULL_CHECKS_ENV = "RDZV_FULL_CHECKS"
 COMMUTE_STRIDE = 3
 """The commutation checks below visit every world of their spaces but, unless
 ``RDZV_FULL_CHECKS=1``, check the moves of every third one (in the search's breadth-first
-order, which does not depend on the hash seed): the full checks take about 12 minutes of
+order, which does not depend on the hash seed): the full checks take about 10 minutes of
 CPU, too long for every CI run (docs/model_checker.md says how to run them)."""
 
 
