@@ -425,8 +425,7 @@ def test_table_without_the_complete_guard_breaks_participants_within_max(
     assert " fail=0 " not in printed
     failed = failures(broken)
     name = (
-        "no-complete-guard: join.join_any_round (add_to_participants) keeps "
-        "participants_within_max"
+        "no-complete-guard: join.join_any_round (add_to_participants) keeps participants_within_max"
     )
     assert name in failed
     detail = failed[name]
