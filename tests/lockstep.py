@@ -51,10 +51,8 @@ from rdzv.clock import FakeClock
 from rdzv.handler import DynamicRendezvousHandler, NodeDriver
 from rdzv.stores import open_store
 from spec import (
-    Announce,
     Announced,
     AnnouncedMembers,
-    Beat,
     Beaten,
     BeatValues,
     CasResult,
@@ -62,15 +60,11 @@ from spec import (
     Done,
     Fail,
     IoFailed,
-    Read,
-    ReadAnnounced,
-    ReadBeats,
     ReadResult,
     RendezvousState,
     StartOp,
     Token,
     Wait,
-    Withdraw,
     Withdrawn,
     WokeUp,
 )
@@ -409,13 +403,11 @@ class Lockstep:
             )
         elif isinstance(model, Wait) and isinstance(real, Wait):
             same = model.key == real.key
-        elif isinstance(model, Read | Announce | Withdraw | ReadAnnounced | Beat | ReadBeats):
-            same = model == real
         elif isinstance(model, Done) and isinstance(real, Done):
             same = model.op == real.op
         elif isinstance(model, Fail) and isinstance(real, Fail):
             same = (model.op, model.kind) == (real.op, real.kind)
-        else:
+        else:  # reads, announcements, beats: every field must match
             same = model == real
         if not same:
             raise LockstepDivergence(
