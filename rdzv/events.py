@@ -3,9 +3,18 @@
 The handler feeds every event to :func:`spec.machine.step` and logs the outcome here, on
 the ``rdzv.events`` logger at DEBUG level, as one JSON object per line with sorted keys.
 A trace of a production run can then be replayed against the spec: each line names the
-node, the operation, the machine's input, the decision (action and table row), the
-request it issued, and the state version (a short digest of the fencing token) the node
-acted on.
+node and which of its two machine states took the step (``machine``: ``main`` for exit,
+join and keep-alive, ``control`` for queries and closes), the operation, the machine's
+input in full (``event``, in the form of :mod:`spec.wire`), the node's configuration, the
+decision (action and table row), the request it issued, digests of the machine state
+before and after the step and of the request, and the state version (a short digest of
+the fencing token) the node acted on. ``python -m model_check validate`` replays such a
+log through :func:`spec.machine.step` and reports the first step the machine would not
+take.
+
+``RDZV_EVENTS_DIR=<dir>`` in a process's environment records its events without any
+logging set-up: the first handler the process creates appends them to
+``<dir>/events-<pid>.jsonl``.
 
 Enable with ``logging.getLogger("rdzv.events").setLevel(logging.DEBUG)`` plus a handler;
 when the logger is not enabled for DEBUG the handler does not even build the records.
@@ -16,9 +25,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import threading
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
+from spec import wire
 from spec.machine import (
     Announce,
     Announced,
@@ -28,10 +41,12 @@ from spec.machine import (
     BeatValues,
     CasResult,
     CompareAndSet,
+    Config,
     Done,
     Event,
     Fail,
     IoFailed,
+    Local,
     Read,
     ReadAnnounced,
     ReadBeats,
@@ -48,10 +63,15 @@ from spec.machine import (
 LOGGER_NAME = "rdzv.events"
 logger = logging.getLogger(LOGGER_NAME)
 
-SCHEMA = 2
+SCHEMA = 3
 """Version of the record layout below; bump it when a field changes meaning. Schema 2:
 ``row`` is the stable name of the table row (``join.join_open_round``), not its index
-(schema 1), which meant different rows in different variants."""
+(schema 1), which meant different rows in different variants. Schema 3 adds what a
+replay needs: ``node_id``, ``machine``, ``event``, ``config``, ``job``, ``before``, ``after`` and
+``request_digest``."""
+
+EVENTS_DIR_ENV = "RDZV_EVENTS_DIR"
+"""Environment variable: a directory to record this process's events in (see above)."""
 
 _INPUT_NAMES: dict[type, str] = {
     StartOp: "start_op",
@@ -113,6 +133,23 @@ class TransitionEvent:
     wall_ms: int
     detail: str | None = None
     """For a ``fail`` request: the failure kind and message; for ``io_failed``: the reason."""
+    node_id: list[Any] | None = None
+    """The node's identity as its three fields (``node`` is its string form)."""
+    machine: str = "main"
+    """Which of the node's machine states took the step: ``main`` or ``control``."""
+    event: dict[str, Any] | None = None
+    """The input in full (:func:`spec.wire.event_to_json`)."""
+    config: dict[str, Any] | None = None
+    """The node's configuration (:func:`spec.wire.config_to_json`)."""
+    job: int | None = None
+    """The job the node's other machine state had fixed, adopted before the step
+    (:func:`spec.machine.adopt_job`)."""
+    before: str | None = None
+    """Digest of the machine state the input was fed to (:func:`spec.wire.digest`)."""
+    after: str | None = None
+    """Digest of the machine state after the step."""
+    request_digest: str | None = None
+    """Digest of the request the step issued."""
 
     def to_json(self) -> str:
         record: dict[str, Any] = {"schema": SCHEMA, **asdict(self)}
@@ -125,8 +162,15 @@ def enabled() -> bool:
     return logger.isEnabledFor(logging.DEBUG)
 
 
-def transition(run_id: str, event: Event, result: Step, op_name: str | None) -> TransitionEvent:
-    """The record of feeding ``event`` and getting ``result``."""
+def transition(
+    run_id: str,
+    event: Event,
+    result: Step,
+    op_name: str | None,
+    replay: Replay | None = None,
+) -> TransitionEvent:
+    """The record of feeding ``event`` and getting ``result``; with ``replay``, also
+    what a validator needs to take the step again."""
     local = result.local
     view = local.view
     request = result.request
@@ -154,11 +198,118 @@ def transition(run_id: str, event: Event, result: Step, op_name: str | None) -> 
         mono_ms=event.now.mono,
         wall_ms=event.now.wall,
         detail=detail,
+        **({} if replay is None else replay.fields(event, result)),
     )
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What makes a record replayable: the machine state the input was fed to, which
+    machine state of the node it is, and the node's configuration."""
+
+    before: Local
+    machine: str
+    config: Config
+    job: int | None
+
+    def fields(self, event: Event, result: Step) -> dict[str, Any]:
+        config = self.config
+        return {
+            "node_id": wire.node_to_json(self.before.node),
+            "machine": self.machine,
+            "event": wire.event_to_json(event, config.variant.name),
+            "config": wire.config_to_json(config),
+            "job": self.job,
+            "before": wire.digest(self.before),
+            "after": wire.digest(result.local),
+            "request_digest": wire.digest(result.request),
+        }
 
 
 def emit(record: TransitionEvent) -> None:
     logger.debug(record.to_json())
+
+
+class _ProcessFile(logging.Handler):
+    """Appends each record as one line to ``<dir>/events-<pid>.jsonl``, one whole line
+    per ``write`` on a file opened for appending, so lines of several processes (a
+    forked child inherits this handler) never interleave; the file follows the pid."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(logging.DEBUG)
+        self.directory = directory
+        self._fd: int | None = None
+        self._pid = -1
+
+    def _file(self) -> int:
+        pid = os.getpid()
+        if self._fd is None or self._pid != pid:
+            path = self.directory / f"events-{pid}.jsonl"
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._pid = pid
+        return self._fd
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = (record.getMessage() + "\n").encode("utf-8")
+            with self.lock if self.lock is not None else threading.Lock():
+                fd = self._file()
+                view = memoryview(line)
+                for _ in range(len(line) + 1):  # bounded: each write moves at least a byte
+                    if not view:
+                        break
+                    view = view[os.write(fd, view) :]
+        except Exception:
+            self.handleError(record)
+
+    def close(self) -> None:
+        with self.lock if self.lock is not None else threading.Lock():
+            if self._fd is not None and self._pid == os.getpid():
+                os.close(self._fd)
+            self._fd = None
+        super().close()
+
+
+_from_env_lock = threading.Lock()
+_from_env: str | None = None
+_from_env_handler: _ProcessFile | None = None
+
+
+def record_from_env() -> None:
+    """Record this process's events under ``$RDZV_EVENTS_DIR`` if it is set (once per
+    process and directory; the handler calls it when it is created). A directory that cannot be
+    written is a ``ValueError`` that names it."""
+    global _from_env, _from_env_handler
+    directory = os.environ.get(EVENTS_DIR_ENV, "")
+    if _from_env == (directory or None):
+        return
+    with _from_env_lock:
+        if _from_env == (directory or None):
+            return
+        if not directory:  # unset since: stop recording where it was set
+            if _from_env_handler is not None:
+                logger.removeHandler(_from_env_handler)
+                _from_env_handler.close()
+                logger.setLevel(logging.NOTSET)
+                logger.propagate = True
+            _from_env_handler = _from_env = None
+            return
+        path = Path(directory)
+        if not path.is_dir() or not os.access(path, os.W_OK):
+            raise ValueError(
+                f"{EVENTS_DIR_ENV}={directory!r} is not a writable directory; create it or "
+                f"unset {EVENTS_DIR_ENV} to record no transition events"
+            )
+        if _from_env_handler is not None:  # the variable changed: the new place only
+            logger.removeHandler(_from_env_handler)
+            _from_env_handler.close()
+        _from_env_handler = _ProcessFile(path)
+        logger.addHandler(_from_env_handler)
+        logger.setLevel(logging.DEBUG)
+        # Only the file gets them: a root handler (torchrun configures one) would print
+        # every step otherwise.
+        logger.propagate = False
+        _from_env = directory
 
 
 def parse(line: str) -> dict[str, Any]:

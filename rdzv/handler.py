@@ -604,10 +604,14 @@ class NodeDriver:
         run_id: str,
         narrator: Narrator | None = None,
         job: NodeJob | None = None,
+        machine: str = "main",
     ) -> None:
         """``narrator`` tells the node's real events in the log (:class:`Narrator`; the
         handler shares one between its two drivers); None: a narrator of its own.
-        ``job``: the node's job, shared likewise (:class:`NodeJob`); None: its own."""
+        ``job``: the node's job, shared likewise (:class:`NodeJob`); None: its own.
+        ``machine`` names this machine state in the transition events (``main`` or
+        ``control``)."""
+        self.machine = machine
         self.narrator = Narrator(run_id) if narrator is None else narrator
         self.job = NodeJob() if job is None else job
         self.config = config
@@ -629,13 +633,17 @@ class NodeDriver:
     # -- feeding the machine ------------------------------------------------------------
     def _feed(self, event: Event) -> None:
         op = event.op if isinstance(event, StartOp) else self.local.op
-        before = adopt_job(self.local, self.job.job)
+        job = self.job.job
+        before = adopt_job(self.local, job)
         result = step(before, event, self.config)
         self.job.fixed(result.local.job)
         self.stats.steps += 1
         if events.enabled():
+            replay = events.Replay(before, self.machine, self.config, job)
             events.emit(
-                events.transition(self.run_id, event, result, None if op is None else op.value)
+                events.transition(
+                    self.run_id, event, result, None if op is None else op.value, replay
+                )
             )
         self.narrator.tell(self, before, event, result)
         self.local = result.local
@@ -1430,6 +1438,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         given_store: object = None,
     ) -> None:
         _check_parts(store, backend, clock, rng)
+        events.record_from_env()
         if not isinstance(settings.run_id, str) or not settings.run_id:
             raise torch_worded(
                 "The run id must be a non-empty string.",
@@ -1474,6 +1483,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             settings.run_id,
             narrator,
             job,
+            machine="control",
         )
         self._lock = threading.Lock()
         """Serializes the operations of ``_driver``: exit, join, keep-alive, and the
