@@ -163,7 +163,9 @@ docs/model_checker.md ("What is checked"). The first line says what this run che
 the second names every parameter; a violation prints the shortest counterexample and
 the command that replays it.
 
-prove: "python -m model_check prove --help" checks the tables with z3 for any N."""
+prove: "python -m model_check prove --help" checks the tables with z3 for any N.
+validate: "python -m model_check validate LOG..." replays real handlers' event logs
+(RDZV_EVENTS_DIR, or the rdzv.events logger) through the spec's machine."""
 
 EPILOG = """\
 results and exit codes:
@@ -1107,6 +1109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             # prove.load_z3 exits with how to install z3: a setup problem, not a failed proof.
             print(f"model_check: error: {exc.code}", file=sys.stderr)
             return 2
+    if args and args[0] == "validate":
+        from model_check import validate
+
+        return validate.main(args[1:])
     if args and args[0] == "swarm":
         if any(a == "--mode" or a.startswith("--mode=") for a in args[1:]):
             print(
