@@ -124,3 +124,37 @@ def tcp_proxy() -> Iterator[Callable[[int], TcpProxy]]:
             return proxy
 
         yield start
+
+
+# -- every multi-process and torchrun test validates its processes' event logs -------------
+VALIDATED_FILES = re.compile(
+    r"test_(handler_processes|distributed_rendezvous|torchrun|torch_processes|agent_workload"
+    r"|run_reuse|store_outage)\.py"
+)
+"""Test modules that run real handlers in processes of their own. Each of their tests runs
+with ``RDZV_EVENTS_DIR`` set to a fresh directory, inherited by every process it starts
+(torchrun's agents included), and afterwards every step any handler recorded must be one
+``spec.machine.step`` takes from its recorded input (``python -m model_check validate``)."""
+
+
+@pytest.fixture(autouse=True)
+def validated_event_logs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[None]:
+    if not VALIDATED_FILES.fullmatch(request.node.path.name):
+        yield
+        return
+    from model_check import validate
+
+    logs = tmp_path / "rdzv-events"
+    logs.mkdir()
+    before = os.environ.get("RDZV_EVENTS_DIR")
+    os.environ["RDZV_EVENTS_DIR"] = str(logs)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("RDZV_EVENTS_DIR", None)
+        else:
+            os.environ["RDZV_EVENTS_DIR"] = before
+    if any(logs.glob("*.jsonl")):
+        summary = validate.validate([logs])
+        assert summary.divergence is None, summary.report()

@@ -492,9 +492,9 @@ def test_every_transition_is_logged_as_json(caplog: pytest.LogCaptureFixture) ->
         assert handler.variant.name == DEFAULT_PROTOCOL
         joined = "fold_announcements" if handler.variant.announces else "add_to_participants"
         assert joined in actions and actions[-1] == "finish"
-        # Each decision names its table row by its stable name (schema 2).
+        # Each decision names its table row by its stable name (schema 3).
         rows = [r["row"] for r in records if r["action"]]
-        assert {r["schema"] for r in records} == {rdzv_events.SCHEMA} == {2}
+        assert {r["schema"] for r in records} == {rdzv_events.SCHEMA} == {3}
         assert (
             f"join.{'fold_announcements' if handler.variant.announces else 'join_open_round'}"
             in rows
