@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 
 from model_check.explore import Result, simulate
 from model_check.model import Move, Violation
+from model_check.options import _parser, build_config, progress_line
 
 Job = tuple[list[str], int, int, int]
 """``(argv, seed, index, steps)``: what one walk needs, all plain values."""
@@ -60,8 +61,6 @@ class WorkerDied(SystemExit):
 def random_worker(job: Job) -> dict[str, Any]:
     """One worker: rebuild the model from ``argv`` and walk ``steps`` moves, printing
     progress lines on stderr (prefixed ``walk=<index>``) unless ``argv`` has ``--quiet``."""
-    from model_check.__main__ import _parser, build_config, progress_line
-
     argv, seed, index, steps = job
     ns = _parser().parse_args(argv)
     cfg, _ = build_config(ns)
