@@ -419,7 +419,8 @@ def test_an_unwritable_events_dir_is_a_clear_error(
 # -- real processes -----------------------------------------------------------------------------
 NODE_SCRIPT = textwrap.dedent(
     """
-    import sys
+    import os, sys, time
+    from pathlib import Path
     from rdzv import RendezvousParameters, create_handler
 
     params = RendezvousParameters("rdzv", sys.argv[1], "job", 3, 3, join_timeout=60)
@@ -427,6 +428,14 @@ NODE_SCRIPT = textwrap.dedent(
     try:
         info = handler.next_rendezvous()
         print(info.rank, info.world_size, flush=True)
+        # shutdown() closes the rendezvous: wait (bounded) until every node has returned,
+        # or a slow one would find its round closed before it returned.
+        returned = Path(sys.argv[2])
+        (returned / str(os.getpid())).touch()
+        for _ in range(600):
+            if len(list(returned.iterdir())) >= 3:
+                break
+            time.sleep(0.1)
     finally:
         handler.shutdown()
     """
@@ -438,9 +447,11 @@ def test_processes_rendezvousing_through_sqlite_validate_completely(tmp_path: Pa
     folder.mkdir()
     env = {**os.environ, rdzv_events.EVENTS_DIR_ENV: str(folder), "PYTHONPATH": str(ROOT)}
     url = f"sqlite://{tmp_path / 'rdzv.db'}"
+    returned = tmp_path / "returned"
+    returned.mkdir()
     nodes = [
         subprocess.Popen(
-            [sys.executable, "-c", NODE_SCRIPT, url],
+            [sys.executable, "-c", NODE_SCRIPT, url, str(returned)],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
