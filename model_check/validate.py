@@ -50,9 +50,8 @@ from spec.machine import (
     step,
 )
 
-SCHEMA = 3
-"""The event schema this validator reads (``rdzv.events.SCHEMA``; the checker does not
-import the handler)."""
+SCHEMA = wire.EVENT_SCHEMA
+"""The event schema this validator reads (the handler records it: ``rdzv.events``)."""
 
 MAX_SHOWN = 200
 """Characters of a recorded value shown in a report."""

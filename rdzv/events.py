@@ -34,11 +34,7 @@ from typing import Any
 from spec import wire
 from spec.machine import (
     Announce,
-    Announced,
-    AnnouncedMembers,
     Beat,
-    Beaten,
-    BeatValues,
     CasResult,
     CompareAndSet,
     Config,
@@ -50,41 +46,22 @@ from spec.machine import (
     Read,
     ReadAnnounced,
     ReadBeats,
-    ReadResult,
-    StartOp,
     Step,
     Token,
     Wait,
     Withdraw,
-    Withdrawn,
-    WokeUp,
 )
 
 LOGGER_NAME = "rdzv.events"
 logger = logging.getLogger(LOGGER_NAME)
 
-SCHEMA = 3
-"""Version of the record layout below; bump it when a field changes meaning. Schema 2:
-``row`` is the stable name of the table row (``join.join_open_round``), not its index
-(schema 1), which meant different rows in different variants. Schema 3 adds what a
-replay needs: ``node_id``, ``machine``, ``event``, ``config``, ``job``, ``before``, ``after`` and
-``request_digest``."""
+SCHEMA = wire.EVENT_SCHEMA
+"""Version of the record layout below (:data:`spec.wire.EVENT_SCHEMA`, which says what
+each version changed)."""
 
 EVENTS_DIR_ENV = "RDZV_EVENTS_DIR"
 """Environment variable: a directory to record this process's events in (see above)."""
 
-_INPUT_NAMES: dict[type, str] = {
-    StartOp: "start_op",
-    ReadResult: "read_result",
-    CasResult: "cas_result",
-    WokeUp: "woke_up",
-    IoFailed: "io_failed",
-    Announced: "announced",
-    AnnouncedMembers: "announced_members",
-    Withdrawn: "withdrawn",
-    Beaten: "beaten",
-    BeatValues: "beat_values",
-}
 _REQUEST_NAMES: dict[type, str] = {
     Read: "read",
     CompareAndSet: "compare_and_set",
@@ -167,10 +144,10 @@ def transition(
     event: Event,
     result: Step,
     op_name: str | None,
-    replay: Replay | None = None,
+    replay: Replay,
 ) -> TransitionEvent:
-    """The record of feeding ``event`` and getting ``result``; with ``replay``, also
-    what a validator needs to take the step again."""
+    """The record of feeding ``event`` and getting ``result``, with what a validator
+    needs to take the step again (``replay``)."""
     local = result.local
     view = local.view
     request = result.request
@@ -183,7 +160,7 @@ def transition(
         run_id=run_id,
         node=str(local.node),
         op=op_name,
-        input=_INPUT_NAMES[type(event)],
+        input=wire.EVENT_TYPES[type(event)],
         request=_REQUEST_NAMES[type(request)],
         action=None if result.action is None else result.action.value,
         row=result.row,
@@ -198,7 +175,7 @@ def transition(
         mono_ms=event.now.mono,
         wall_ms=event.now.wall,
         detail=detail,
-        **({} if replay is None else replay.fields(event, result)),
+        **replay.fields(event, result),
     )
 
 

@@ -47,6 +47,27 @@ from spec.state import NodeId
 from spec.variants import get_variant
 from spec.vocabulary import Op
 
+EVENT_SCHEMA = 3
+"""Version of the event record layout (``rdzv.events``), which the validator checks; bump
+it when a field changes meaning. Schema 2: ``row`` is the stable name of the table row
+(``join.join_open_round``), not its index (schema 1), which meant different rows in
+different variants. Schema 3 adds what a replay needs: ``node_id``, ``machine``,
+``event``, ``config``, ``job``, ``before``, ``after`` and ``request_digest``."""
+
+EVENT_TYPES: dict[type, str] = {
+    StartOp: "start_op",
+    ReadResult: "read_result",
+    CasResult: "cas_result",
+    WokeUp: "woke_up",
+    IoFailed: "io_failed",
+    Announced: "announced",
+    AnnouncedMembers: "announced_members",
+    Withdrawn: "withdrawn",
+    Beaten: "beaten",
+    BeatValues: "beat_values",
+}
+"""Each input's name: an event's ``type`` here, a record's ``input`` in ``rdzv.events``."""
+
 
 class WireError(ValueError):
     """A recorded value is not in the form this module writes."""
@@ -184,7 +205,7 @@ def event_to_json(event: Event, protocol: str) -> dict[str, Any]:
     if isinstance(event, StartOp):
         known = event.known
         return {
-            "type": "start_op",
+            "type": EVENT_TYPES[StartOp],
             "op": event.op.value,
             "deadline": event.deadline,
             "now": _now(event.now),
@@ -202,37 +223,36 @@ def event_to_json(event: Event, protocol: str) -> dict[str, Any]:
         }
     if isinstance(event, ReadResult):
         return {
-            "type": "read_result",
+            "type": EVENT_TYPES[ReadResult],
             "data": _bytes(event.data),
             "token": _token(event.token),
             "now": _now(event.now),
         }
     if isinstance(event, CasResult):
         return {
-            "type": "cas_result",
+            "type": EVENT_TYPES[CasResult],
             "data": _bytes(event.data),
             "token": _token(event.token),
             "has_set": event.has_set,
             "now": _now(event.now),
         }
     if isinstance(event, IoFailed):
-        return {"type": "io_failed", "reason": event.reason, "now": _now(event.now)}
+        return {"type": EVENT_TYPES[IoFailed], "reason": event.reason, "now": _now(event.now)}
     if isinstance(event, Announced):
-        return {"type": "announced", "size": event.size, "now": _now(event.now)}
+        return {"type": EVENT_TYPES[Announced], "size": event.size, "now": _now(event.now)}
     if isinstance(event, AnnouncedMembers):
         return {
-            "type": "announced_members",
+            "type": EVENT_TYPES[AnnouncedMembers],
             "members": [_bytes(m) for m in event.members],
             "now": _now(event.now),
         }
     if isinstance(event, BeatValues):
         return {
-            "type": "beat_values",
+            "type": EVENT_TYPES[BeatValues],
             "values": [_bytes(v) for v in event.values],
             "now": _now(event.now),
         }
-    names = {WokeUp: "woke_up", Withdrawn: "withdrawn", Beaten: "beaten"}
-    return {"type": names[type(event)], "now": _now(event.now)}
+    return {"type": EVENT_TYPES[type(event)], "now": _now(event.now)}  # only the time
 
 
 def event_from_json(value: Any, protocol: str) -> Event:
@@ -241,7 +261,7 @@ def event_from_json(value: Any, protocol: str) -> Event:
         raise WireError(f"an event must be an object with a type: {value!r:.80}")
     kind = value["type"]
     now = _unnow(value.get("now"))
-    if kind == "start_op":
+    if kind == EVENT_TYPES[StartOp]:
         try:
             op = Op(value.get("op"))
         except ValueError:
@@ -257,36 +277,33 @@ def event_from_json(value: Any, protocol: str) -> Event:
             else tuple(_sighting(s) for s in _list(sightings, "sightings")),
             None if known is None else _known(known, protocol),
         )
-    if kind == "read_result":
+    if kind == EVENT_TYPES[ReadResult]:
         return ReadResult(_unbytes(value.get("data"), "data"), _untoken(value.get("token")), now)
-    if kind == "cas_result":
+    if kind == EVENT_TYPES[CasResult]:
         has_set = value.get("has_set")
         if not isinstance(has_set, bool):
             raise WireError(f"has_set must be true or false, not {has_set!r:.40}")
         return CasResult(
             _unbytes(value.get("data"), "data"), _untoken(value.get("token")), has_set, now
         )
-    if kind == "io_failed":
+    if kind == EVENT_TYPES[IoFailed]:
         return IoFailed(_str(value.get("reason"), "reason"), now)
-    if kind == "announced":
+    if kind == EVENT_TYPES[Announced]:
         return Announced(_int(value.get("size"), "size"), now)
-    if kind == "announced_members":
+    if kind == EVENT_TYPES[AnnouncedMembers]:
         members = tuple(_unbytes(m, "a member") for m in _list(value.get("members"), "members"))
         if any(m is None for m in members):
             raise WireError("an announcement set member cannot be null")
         return AnnouncedMembers(tuple(m for m in members if m is not None), now)
-    if kind == "beat_values":
+    if kind == EVENT_TYPES[BeatValues]:
         return BeatValues(
             tuple(_unbytes(v, "a heartbeat value") for v in _list(value.get("values"), "values")),
             now,
         )
-    plain: dict[str, type[WokeUp | Withdrawn | Beaten]] = {
-        "woke_up": WokeUp,
-        "withdrawn": Withdrawn,
-        "beaten": Beaten,
-    }
-    if kind in plain:
-        return plain[kind](now)
+    plain: tuple[type[WokeUp | Withdrawn | Beaten], ...] = (WokeUp, Withdrawn, Beaten)
+    for only_the_time in plain:
+        if kind == EVENT_TYPES[only_the_time]:
+            return only_the_time(now)
     raise WireError(f"unknown event type {kind!r:.40}")
 
 

@@ -41,6 +41,7 @@ from rdzv.backend import RendezvousBackend
 from rdzv.clock import FakeClock, SteadyWallClock, SystemClock, now_of, to_millis, to_seconds
 from rdzv.handler import NODE_NONCE_BITS, default_variant, new_node_id
 from rdzv.stores import MemoryStore
+from spec import wire
 from spec.codec import encode
 from spec.state import NodeId, RendezvousState
 from spec.variants import TORCH_213
@@ -574,14 +575,14 @@ def test_event_traces_pair_every_request_with_its_answer(
 
 
 def test_every_event_and_request_of_the_machine_has_a_name() -> None:
-    assert set(rdzv_events._INPUT_NAMES) == set(typing.get_args(spec.Event))
+    assert set(wire.EVENT_TYPES) == set(typing.get_args(spec.Event))
     assert set(rdzv_events._REQUEST_NAMES) == set(typing.get_args(spec.Request))
 
 
 def test_handler_docs_name_every_event_input_and_request() -> None:
     text = (Path(__file__).resolve().parent.parent / "docs" / "handler.md").read_text("utf-8")
     section = text[text.index("## Events") : text.index("## Performance")]
-    names = [*rdzv_events._INPUT_NAMES.values(), *rdzv_events._REQUEST_NAMES.values()]
+    names = [*wire.EVENT_TYPES.values(), *rdzv_events._REQUEST_NAMES.values()]
     missing = [name for name in names if f"`{name}`" not in section]
     assert not missing, f"docs/handler.md#events does not list {missing}"
 
