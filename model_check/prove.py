@@ -46,6 +46,10 @@ participants, because reaching ``max_nodes`` completes the round). Without it
 ``participants_within_max`` is true but not inductive: the join table adds a node to an
 open round whatever its size. The lemma is itself proven inductive with the rest.
 
+The answer obligations (what ``next_rendezvous`` returns, for any number of nodes, under
+every fault) are built in :mod:`model_check.prove_answers` over the verdicts of these: a
+write there is assumed to satisfy exactly the lemmas proven here for every row.
+
 z3 is an optional dependency (the ``prove`` extra), imported when the proofs run.
 """
 
@@ -73,8 +77,38 @@ Z = Any
 DEFAULT_TIMEOUT_MS = 60_000
 """Bound on one solver call; a call that runs out reports ``unknown`` (which fails)."""
 
+QUICK_TIMEOUT_MS = 5_000
+"""The first attempt at each goal; then a concrete counterexample is searched for, and
+only if there is none does the proof get the whole timeout."""
+
 AUX_INVARIANT = "open_round_below_max"
 AUX_DOC = "an open round has fewer than max_nodes participants (reaching max completes it)"
+
+WORLD_SIZE_AGREEMENT_NAME = "world_size_agreement"
+"""``model_check.model.WORLD_SIZE_AGREEMENT`` (not imported: the proofs need only spec)."""
+
+AUX_STEP = "complete_round_intact"
+AUX_STEP_DOC = (
+    "a complete round keeps every member and rank until its round number changes or the run "
+    "closes (a member that leaves or dies ends the round); nobody returns from a closed run"
+)
+
+UNSAFE_ANSWERS: Mapping[str, str] = {
+    "upstream": (
+        "documented in docs/findings.md (finding 6, issue 22's failure 1): a member that "
+        "leaves a complete round "
+        "(or is pruned from it) leaves it complete with fewer members, so a paused member "
+        "returns the same round with a smaller world size"
+    ),
+    "torch-2.13": (
+        "as upstream (docs/findings.md, finding 6): a complete round loses members without "
+        "ending, so two members of one round can return different world sizes"
+    ),
+}
+"""Variants known not to guarantee what next_rendezvous returns, and why. Their failing
+answer obligations (and ``complete_round_intact``) are reported as ``refuted``, with the
+counterexample; they do not fail the run, but a listed variant whose answer obligations
+all hold does (the list is then out of date)."""
 
 
 def load_z3() -> Any:
@@ -948,6 +982,26 @@ def step_complete_membership_frozen(w: World, b: SymState, a: SymState, st: SymS
     return z3.Implies(same_round, only_leave)
 
 
+def step_complete_round_intact(w: World, b: SymState, a: SymState, st: SymSettings) -> Z:
+    """The auxiliary step lemma :data:`AUX_STEP`: the answer proofs rest on it."""
+    z3 = w.z3
+    same = w.forall(
+        lambda x: z3.And(
+            a.participants[x] == b.participants[x],
+            z3.Implies(b.participants[x], a.ranks[x] == b.ranks[x]),
+        )
+    )
+    kept = z3.And(a.complete, a.n_participants == b.n_participants, same)
+    return z3.Implies(z3.And(b.complete, a.round == b.round, z3.Not(a.closed)), kept)
+
+
+def intact_holds(before: RendezvousState, after: RendezvousState) -> bool:
+    """:data:`AUX_STEP` on concrete states (for replays)."""
+    if not before.complete or after.round != before.round or after.closed:
+        return True
+    return after.complete and after.participants == before.participants
+
+
 SYMBOLIC_STATE_INVARIANTS: Mapping[str, SymStateInv] = {
     "lists_disjoint": inv_lists_disjoint,
     "participants_within_max": inv_participants_within_max,
@@ -988,6 +1042,11 @@ class Outcome:
     def holds(self) -> bool:
         return self.verdict == "holds"
 
+    @property
+    def failed(self) -> bool:
+        """Fails the run: ``FAILS`` or ``UNKNOWN`` (not a documented ``refuted``)."""
+        return self.verdict in ("FAILS", "UNKNOWN")
+
 
 @dataclass(frozen=True)
 class Symbols:
@@ -999,6 +1058,10 @@ class Symbols:
     me: Z | None = None
     clocks: Mapping[str, Z] = field(default_factory=dict)
     atoms: Mapping[str, Z] = field(default_factory=dict)
+    views: Mapping[str, SymState] = field(default_factory=dict)
+    """More states to print, by label (the answer proofs: views, completion records)."""
+    values: Mapping[str, Z] = field(default_factory=dict)
+    """More values to print, by label (the answer proofs: the answers)."""
 
 
 @dataclass(frozen=True)
@@ -1054,6 +1117,9 @@ class Prover:
         self.timeout_ms = timeout_ms
         self._announcing = variant.announces
         self._key_beats = variant.heartbeats == KEY_BEATS
+        self.broken: set[str] = set()
+        """Invariants and lemmas some obligation failed to prove for this variant."""
+        self.refuted = 0
 
     # -- worlds, contexts, solvers ---------------------------------------------------------
     def world(self, nodes: int | None = None) -> World:
@@ -1148,6 +1214,7 @@ class Prover:
         goals = {f"keeps {n}": g for n, g in self.invariants(w, after, st).items()}
         for name in sorted(SYMBOLIC_STEP_INVARIANTS):
             goals[f"respects {name}"] = SYMBOLIC_STEP_INVARIANTS[name](w, before, after, st)
+        goals[f"respects {AUX_STEP}"] = step_complete_round_intact(w, before, after, st)
         return goals
 
     # -- setups ----------------------------------------------------------------------------
@@ -1224,11 +1291,16 @@ class Prover:
                     f"{table.qualified(index)}"
                 )
             after_real = effect(c.before, c.node, c.settings, c.wall_now)
-            return lines + _replay_lines(c.before, after_real, c.settings, effect.__name__)
+            lines += _replay_lines(c.before, after_real, c.settings, effect.__name__)
+            return lines + self._answers_disagree(c, after_real)
 
         return model(w, ctx.state, ctx.node, ctx.settings, ctx.wall_now), replay
 
-    def setup_sanitize(self, w: World) -> Setup:
+    def sanitized(self, w: World, s: SymState, st: SymSettings, wall: Z) -> SymState:
+        """What a node makes of a read of ``s``: the variant's prune of the expired nodes.
+        Wall clock: the nodes the wall clock ``wall`` expires. Local clock: whichever
+        nodes this observer's own ages expire, i.e. ANY set of nodes (the proof covers
+        them all)."""
         pruner = self.variant.prune
         model = SYMBOLIC_PRUNERS.get(pruner)
         if model is None:
@@ -1237,18 +1309,44 @@ class Prover:
                 "model: add one to model_check.prove.SYMBOLIC_PRUNERS (and to its "
                 "cross-check test)"
             )
+        dead = (
+            w.fresh("dead", self.z3.ArraySort(w.Node, self.z3.BoolSort()))
+            if self.variant.liveness_clock == LOCAL
+            else dead_by_wall(w, s, st, wall)
+        )
+        return model(w, s, dead, st)
+
+    def _answers_disagree(self, c: Concrete, after: RendezvousState) -> list[str]:
+        """When a complete round changed without ending, what spec's join table does for
+        a member still listed: it returns the same round with another world size than a
+        member that returned before the change (failure 1 of docs/findings.md)."""
+        before = c.before
+        if c.context is None or intact_holds(before, after) or not after.complete:
+            return []
+        join = self.variant.table(Op.JOIN)
+        for node in after.participant_nodes():
+            if before.rank_of(node) is None:
+                continue
+            ctx = replace(c.context, node=node, state=after)
+            index = join.select(ctx)
+            if join.rows[index].then is not Action.FINISH:
+                continue
+            return [
+                f"a member that returned before this step got round {before.round} "
+                f"world_size={before.num_participants}; after it, spec's join table for "
+                f"{node} selects {join.qualified(index)} (finish): round {after.round} "
+                f"rank {after.rank_of(node)} world_size={after.num_participants}, so "
+                f"{WORLD_SIZE_AGREEMENT_NAME} is broken"
+            ]
+        return []
+
+    def setup_sanitize(self, w: World) -> Setup:
+        pruner = self.variant.prune
         st, facts = self._settings(w)
         before = fresh_state(w, "before")
         wall = w.fresh("wall_now", self.z3.IntSort())
         local = self.variant.liveness_clock == LOCAL
-        # Wall clock: the nodes the wall clock expires. Local clock: whichever nodes this
-        # observer's own ages expire, i.e. ANY set of nodes (the proof covers them all).
-        dead = (
-            w.fresh("dead", self.z3.ArraySort(w.Node, self.z3.BoolSort()))
-            if local
-            else dead_by_wall(w, before, st, wall)
-        )
-        after = model(w, before, dead, st)
+        after = self.sanitized(w, before, st, wall)
         hypotheses = [
             *facts,
             *state_facts(w, before),
@@ -1385,13 +1483,34 @@ class Prover:
         return None
 
     def check_setup(
-        self, label: str, build: Callable[[World], Setup], what: str
+        self, label: str, build: Callable[[World], Setup], what: str, *, answers: bool = False
     ) -> Iterator[Outcome]:
-        """Prove every goal of ``build`` for any number of nodes (incrementally)."""
+        """Prove every goal of ``build`` for any number of nodes (incrementally).
+
+        A goal that does not hold marks its invariant broken (:attr:`broken`), so the
+        answer proofs do not assume it. For a variant of :data:`UNSAFE_ANSWERS`, a failing
+        answer goal (``answers``, or the :data:`AUX_STEP` lemma) is ``refuted``."""
+        for outcome, goal in self._check_setup(label, build, what):
+            if outcome.holds:
+                yield outcome
+                continue
+            if goal.startswith(("keeps ", "respects ")):
+                self.broken.add(goal.split(" ", 1)[1])
+            known = UNSAFE_ANSWERS.get(self.variant.name)
+            if known and outcome.verdict == "FAILS" and (answers or goal.endswith(AUX_STEP)):
+                self.refuted += 1
+                outcome = replace(
+                    outcome, verdict="refuted", detail=[f"expected: {known}", *outcome.detail]
+                )
+            yield outcome
+
+    def _check_setup(
+        self, label: str, build: Callable[[World], Setup], what: str
+    ) -> Iterator[tuple[Outcome, str]]:
         try:
             setup = build(self.world())
         except MissingModel as exc:
-            yield Outcome(f"{label} has a symbolic model", "FAILS", 0.0, [str(exc)])
+            yield Outcome(f"{label} has a symbolic model", "FAILS", 0.0, [str(exc)]), ""
             return
         solver = self._solver(setup.world, setup.hypotheses)
         for goal, formula in setup.goals.items():
@@ -1399,31 +1518,51 @@ class Prover:
             started = time.perf_counter()
             solver.push()
             solver.add(self.z3.Not(formula))
+            # A short attempt first: with quantifiers z3 rarely answers sat, so a goal
+            # that fails would spend the whole timeout before the (fast) search for a
+            # concrete counterexample; only if there is none does the proof get it all.
+            solver.set("timeout", min(QUICK_TIMEOUT_MS, self.timeout_ms))
             verdict = solver.check()
-            abstract = solver.model() if verdict == self.z3.sat else None
-            reason = solver.reason_unknown() if verdict == self.z3.unknown else ""
+            lines, abstract, reason = None, None, ""
+            searched = False
+            if verdict == self.z3.unknown and self.timeout_ms > QUICK_TIMEOUT_MS:
+                lines, searched = self._counterexample(build, goal, what), True
+                if lines is None:  # a fresh solver: one that gave up may have lost its way
+                    retry = self._solver(setup.world, setup.hypotheses)
+                    retry.add(self.z3.Not(formula))
+                    verdict = retry.check()
+                    abstract = retry.model() if verdict == self.z3.sat else None
+                    reason = retry.reason_unknown() if verdict == self.z3.unknown else ""
+            if not searched:
+                abstract = solver.model() if verdict == self.z3.sat else None
+                reason = solver.reason_unknown() if verdict == self.z3.unknown else ""
             solver.pop()
+            solver.set("timeout", self.timeout_ms)
             if verdict == self.z3.unsat:
-                yield Outcome(name, "holds", time.perf_counter() - started)
+                yield Outcome(name, "holds", time.perf_counter() - started), goal
                 continue
-            lines = self._counterexample(build, goal, what)
+            if not searched:
+                lines = self._counterexample(build, goal, what)
             seconds = time.perf_counter() - started
             if lines is not None:
-                yield Outcome(name, "FAILS", seconds, lines)
+                yield Outcome(name, "FAILS", seconds, lines), goal
             elif abstract is not None:
-                yield Outcome(
-                    name,
-                    "FAILS",
-                    seconds,
-                    [
-                        f"{what} in the abstraction (none found with up to "
-                        f"{MAX_WITNESS_NODES} concrete nodes; the cardinality facts may be "
-                        "too weak):",
-                        *render_model(setup.world, abstract, setup.symbols),
-                    ],
+                yield (
+                    Outcome(
+                        name,
+                        "FAILS",
+                        seconds,
+                        [
+                            f"{what} in the abstraction (none found with up to "
+                            f"{MAX_WITNESS_NODES} concrete nodes; the cardinality facts may be "
+                            "too weak):",
+                            *render_model(setup.world, abstract, setup.symbols),
+                        ],
+                    ),
+                    goal,
                 )
             else:
-                yield Outcome(name, "UNKNOWN", seconds, [f"z3 gave up: {reason}"])
+                yield Outcome(name, "UNKNOWN", seconds, [f"z3 gave up: {reason}"]), goal
 
     # -- the obligations -------------------------------------------------------------------
     def prove(self) -> Iterator[Outcome]:
@@ -1435,6 +1574,9 @@ class Prover:
         yield from self.check_setup(
             f"{self.variant.name}: sanitize", self.setup_sanitize, "counterexample to induction"
         )
+        from model_check.prove_answers import answer_obligations
+
+        yield from answer_obligations(self)
 
     def base_case(self) -> Iterator[Outcome]:
         def build(w: World) -> Setup:
@@ -1528,6 +1670,8 @@ def _replay_lines(
     problems = check_step(before, after, settings)
     if aux_holds(before, settings) and not aux_holds(after, settings):
         problems.append((AUX_INVARIANT, "an open round reached max_nodes"))
+    if not intact_holds(before, after):
+        problems.append((AUX_STEP, f"complete round {before.round} changed its members or ranks"))
     lines = [f"replayed on spec ({what}): after = {after.describe()}"]
     if problems:
         lines += [f"spec confirms: {name}: {message}" for name, message in problems]
@@ -1674,6 +1818,10 @@ def render_model(w: World, model: Any, sym: Symbols) -> list[str]:
     lines.append(f"  before: {read_state(w, model, sym.before, names).describe()}")
     if sym.after is not None:
         lines.append(f"  after:  {read_state(w, model, sym.after, names).describe()}")
+    for label, view in sym.views.items():
+        lines.append(f"  {label}: {read_state(w, model, view, names).describe()}")
+    if sym.values:
+        lines.append("  " + ", ".join(f"{k}={val(v)}" for k, v in sym.values.items()))
     lines.append(f"  nodes (in id order): {', '.join(names[str(e)] for e in universe)}")
     if sym.me is not None:
         lines.append(f"  acting node (me): {me}")
@@ -1703,7 +1851,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m model_check prove",
         description=(
             "Prove with z3, for any number of nodes, that every decision table is total, "
-            "selects one row and has no dead row, and that the invariants are inductive."
+            "selects one row and has no dead row, that the invariants are inductive, and "
+            "that every node returned by next_rendezvous is a member with the round's world "
+            "size and a distinct rank in 0..W-1."
         ),
     )
     parser.add_argument(
@@ -1757,12 +1907,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(outcomes: Iterator[Outcome], *, times: bool = True, failures_only: bool = False) -> int:
     """Print each outcome as it comes; return the exit code (0 only if all hold)."""
-    counts = {"holds": 0, "FAILS": 0, "UNKNOWN": 0}
+    counts = {"holds": 0, "refuted": 0, "FAILS": 0, "UNKNOWN": 0}
     total = 0.0
     for outcome in outcomes:
         counts[outcome.verdict] += 1
         total += outcome.seconds
-        if failures_only and outcome.holds:
+        if failures_only and not outcome.failed:
             continue
         timing = f"{outcome.seconds * 1000:8.1f} ms  " if times else ""
         print(f"{outcome.verdict:<7} {timing}{outcome.name}", flush=True)
@@ -1770,12 +1920,13 @@ def report(outcomes: Iterator[Outcome], *, times: bool = True, failures_only: bo
             print(f"    {line}")
     n = sum(counts.values())
     summary = (
-        f"obligations={n} hold={counts['holds']} fail={counts['FAILS']} unknown={counts['UNKNOWN']}"
+        f"obligations={n} hold={counts['holds']} refuted={counts['refuted']} "
+        f"fail={counts['FAILS']} unknown={counts['UNKNOWN']}"
     )
     if times:
         summary += f" solver_sec={total:.2f}"
     print(summary)
-    return 0 if counts["holds"] == n else 1
+    return 0 if counts["FAILS"] == counts["UNKNOWN"] == 0 else 1
 
 
 if __name__ == "__main__":

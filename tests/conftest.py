@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, settings
 os.environ["RDZV_CHECK_INVARIANTS"] = "1"
 
 CPU_FILES = re.compile(
-    r"test_(model_check.*|prove|spec_.*|diagrams|docs_tables|layering|lockstep)\.py"
+    r"test_(model_check.*|prove.*|spec_.*|diagrams|docs_tables|layering|lockstep)\.py"
 )
 """Test files that only compute (no servers, processes or real time): marked ``cpu``, so
 that scripts/test.sh runs them on every core at once and the rest, some of which wait on

@@ -354,7 +354,8 @@ def test_invariant_cross_check_sees_completions() -> None:
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_every_obligation_holds_for_every_variant(name: str) -> None:
     outcomes = list(P.Prover(VARIANTS[name]).prove())
-    failed = [f"{o.verdict} {o.name}: {o.detail}" for o in outcomes if not o.holds]
+    # upstream's documented answer failures are "refuted" (tests/test_prove_answers.py).
+    failed = [f"{o.verdict} {o.name}: {o.detail}" for o in outcomes if o.failed]
     assert not failed, "\n".join(failed)
     names = {o.name for o in outcomes}
     for op in Op:
@@ -443,7 +444,13 @@ def test_table_without_a_catch_all_is_not_total() -> None:
 def test_a_shadowed_row_is_dead() -> None:
     shadow = row("shadow", Atom.CLOSED, then=Action.ERROR_CLOSED)
     broken = UPSTREAM.derive("shadow", description="x", insert={(Op.JOIN, 0): shadow})
-    failed = failures(broken)
+    # An upstream variant also fails upstream's answer obligations (it is not the named
+    # upstream, so they are failures, not documented refutations): leave those aside.
+    failed = {
+        name: detail
+        for name, detail in failures(broken).items()
+        if "answers" not in name and P.AUX_STEP not in name
+    }
     # The new row 0 shadows the old rows 0 and 1 (now 1 and 2); nothing else fails.
     assert sorted(failed) == [
         "shadow: join.closed (error_closed) is live",
