@@ -63,6 +63,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from model_check.model import WORLD_SIZE_AGREEMENT
 from spec import effects as E
 from spec.invariants import STATE_INVARIANTS, STEP_INVARIANTS, check_state, check_step
 from spec.settings import Settings, SettingsError
@@ -84,14 +85,7 @@ only if there is none does the proof get the whole timeout."""
 AUX_INVARIANT = "open_round_below_max"
 AUX_DOC = "an open round has fewer than max_nodes participants (reaching max completes it)"
 
-WORLD_SIZE_AGREEMENT_NAME = "world_size_agreement"
-"""``model_check.model.WORLD_SIZE_AGREEMENT`` (not imported: the proofs need only spec)."""
-
 AUX_STEP = "complete_round_intact"
-AUX_STEP_DOC = (
-    "a complete round keeps every member and rank until its round number changes or the run "
-    "closes (a member that leaves or dies ends the round); nobody returns from a closed run"
-)
 
 UNSAFE_ANSWERS: Mapping[str, str] = {
     "upstream": (
@@ -983,7 +977,9 @@ def step_complete_membership_frozen(w: World, b: SymState, a: SymState, st: SymS
 
 
 def step_complete_round_intact(w: World, b: SymState, a: SymState, st: SymSettings) -> Z:
-    """The auxiliary step lemma :data:`AUX_STEP`: the answer proofs rest on it."""
+    """The auxiliary step lemma :data:`AUX_STEP`, which the answer proofs rest on: a
+    complete round keeps every member and rank until its round number changes or the run
+    closes (a member that leaves or dies ends the round); nobody returns from a closed run."""
     z3 = w.z3
     same = w.forall(
         lambda x: z3.And(
@@ -1212,10 +1208,20 @@ class Prover:
 
     def _goals(self, w: World, before: SymState, after: SymState, st: SymSettings) -> dict[str, Z]:
         goals = {f"keeps {n}": g for n, g in self.invariants(w, after, st).items()}
-        for name in sorted(SYMBOLIC_STEP_INVARIANTS):
-            goals[f"respects {name}"] = SYMBOLIC_STEP_INVARIANTS[name](w, before, after, st)
-        goals[f"respects {AUX_STEP}"] = step_complete_round_intact(w, before, after, st)
+        for name, g in self.step_invariants(w, before, after, st).items():
+            goals[f"respects {name}"] = g
         return goals
+
+    def step_invariants(
+        self, w: World, before: SymState, after: SymState, st: SymSettings
+    ) -> dict[str, Z]:
+        """Every step invariant of spec, by name, then the lemma :data:`AUX_STEP`."""
+        out = {
+            name: SYMBOLIC_STEP_INVARIANTS[name](w, before, after, st)
+            for name in sorted(SYMBOLIC_STEP_INVARIANTS)
+        }
+        out[AUX_STEP] = step_complete_round_intact(w, before, after, st)
+        return out
 
     # -- setups ----------------------------------------------------------------------------
     def setup_row(self, w: World, op: Op, index: int) -> Setup:
@@ -1336,7 +1342,7 @@ class Prover:
                 f"world_size={before.num_participants}; after it, spec's join table for "
                 f"{node} selects {join.qualified(index)} (finish): round {after.round} "
                 f"rank {after.rank_of(node)} world_size={after.num_participants}, so "
-                f"{WORLD_SIZE_AGREEMENT_NAME} is broken"
+                f"{WORLD_SIZE_AGREEMENT} is broken"
             ]
         return []
 
@@ -1504,6 +1510,13 @@ class Prover:
                 )
             yield outcome
 
+    def _verdict(self, solver: Any) -> tuple[Any, Any, str]:
+        """Check ``solver``: the verdict, a model if sat, z3's reason if unknown."""
+        verdict = solver.check()
+        abstract = solver.model() if verdict == self.z3.sat else None
+        reason = solver.reason_unknown() if verdict == self.z3.unknown else ""
+        return verdict, abstract, reason
+
     def _check_setup(
         self, label: str, build: Callable[[World], Setup], what: str
     ) -> Iterator[tuple[Outcome, str]]:
@@ -1522,27 +1535,21 @@ class Prover:
             # that fails would spend the whole timeout before the (fast) search for a
             # concrete counterexample; only if there is none does the proof get it all.
             solver.set("timeout", min(QUICK_TIMEOUT_MS, self.timeout_ms))
-            verdict = solver.check()
-            lines, abstract, reason = None, None, ""
-            searched = False
-            if verdict == self.z3.unknown and self.timeout_ms > QUICK_TIMEOUT_MS:
-                lines, searched = self._counterexample(build, goal, what), True
-                if lines is None:  # a fresh solver: one that gave up may have lost its way
-                    retry = self._solver(setup.world, setup.hypotheses)
-                    retry.add(self.z3.Not(formula))
-                    verdict = retry.check()
-                    abstract = retry.model() if verdict == self.z3.sat else None
-                    reason = retry.reason_unknown() if verdict == self.z3.unknown else ""
-            if not searched:
-                abstract = solver.model() if verdict == self.z3.sat else None
-                reason = solver.reason_unknown() if verdict == self.z3.unknown else ""
+            verdict, abstract, reason = self._verdict(solver)
             solver.pop()
             solver.set("timeout", self.timeout_ms)
+            lines = None
+            if verdict != self.z3.unsat:
+                lines = self._counterexample(build, goal, what)
+            if lines is None and verdict == self.z3.unknown and self.timeout_ms > QUICK_TIMEOUT_MS:
+                # No counterexample: the whole timeout, in a fresh solver (one that gave up
+                # may have lost its way).
+                retry = self._solver(setup.world, setup.hypotheses)
+                retry.add(self.z3.Not(formula))
+                verdict, abstract, reason = self._verdict(retry)
             if verdict == self.z3.unsat:
                 yield Outcome(name, "holds", time.perf_counter() - started), goal
                 continue
-            if not searched:
-                lines = self._counterexample(build, goal, what)
             seconds = time.perf_counter() - started
             if lines is not None:
                 yield Outcome(name, "FAILS", seconds, lines), goal

@@ -47,8 +47,6 @@ from model_check.model import (
     WORLD_SIZE_IN_RANGE,
 )
 from model_check.prove import (
-    AUX_STEP,
-    SYMBOLIC_STEP_INVARIANTS,
     UNSAFE_ANSWERS,
     Outcome,
     Setup,
@@ -61,7 +59,6 @@ from model_check.prove import (
     fresh_state,
     selected,
     state_facts,
-    step_complete_round_intact,
 )
 from spec.vocabulary import Action, Op
 
@@ -280,7 +277,6 @@ class AnswerProofs:
     def __init__(self, prover: Prover) -> None:
         self.prover = prover
         self.variant = prover.variant
-        self.z3 = prover.z3
 
     # -- what the table obligations established -------------------------------------------
     def state_invariants(self, w: World, s: SymState, st: SymSettings) -> list[Z]:
@@ -291,9 +287,8 @@ class AnswerProofs:
         ]
 
     def step_lemmas(self, w: World, b: SymState, a: SymState, st: SymSettings) -> list[Z]:
-        lemmas = {name: f(w, b, a, st) for name, f in SYMBOLIC_STEP_INVARIANTS.items()}
-        lemmas[AUX_STEP] = step_complete_round_intact(w, b, a, st)
-        return [f for name, f in sorted(lemmas.items()) if name not in self.prover.broken]
+        lemmas = self.prover.step_invariants(w, b, a, st)
+        return [f for name, f in lemmas.items() if name not in self.prover.broken]
 
     # -- the system before a move ---------------------------------------------------------
     def system(self, w: World) -> System:

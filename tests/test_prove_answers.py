@@ -5,6 +5,7 @@ with a counterexample."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -133,34 +134,30 @@ def test_the_intact_lemma_matches_its_concrete_form() -> None:
 # ---------------------------------------------------------------------------------------
 # Planted bugs: one per answer property
 # ---------------------------------------------------------------------------------------
-def complete_all_rank_zero(
-    state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
-) -> RendezvousState:
-    done = E.mark_complete_clearing_wait_list(state, node, settings, wall_now)
-    return done.evolve(participants={m: 0 for m in done.participant_nodes()})
+def planted_ranks(name: str, rank: Callable[[Any], Any]) -> tuple[E.Effect, P.SymEffect]:
+    """hardened's completion with each member's sorted position ``r`` replaced by
+    ``rank(r)``, as a Python effect and its symbolic model (``rank`` serves both)."""
+
+    def effect(
+        state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
+    ) -> RendezvousState:
+        done = E.mark_complete_clearing_wait_list(state, node, settings, wall_now)
+        return done.evolve(participants={m: rank(r) for m, r in done.participants})
+
+    def model(w: P.World, s: P.SymState, me: Any, st_: P.SymSettings, wall: Any) -> P.SymState:
+        done = P.s_mark_complete_clearing_wait_list(w, s, me, st_, wall)
+        return done.evolve(ranks=w.array_of(lambda x: rank(done.ranks[x])))
+
+    effect.__name__ = model.__name__ = name
+    return effect, model
 
 
-def s_complete_all_rank_zero(
-    w: P.World, s: P.SymState, me: Any, st_: P.SymSettings, wall: Any
-) -> P.SymState:
-    done = P.s_mark_complete_clearing_wait_list(w, s, me, st_, wall)
-    return done.evolve(ranks=w.array_of(lambda x: z3.IntVal(0)))
-
-
-def complete_ranks_from_one(
-    state: RendezvousState, node: NodeId, settings: Settings, wall_now: Millis
-) -> RendezvousState:
-    done = E.mark_complete_clearing_wait_list(state, node, settings, wall_now)
-    return done.evolve(participants={m: r + 1 for m, r in done.participants})
-
-
-def s_complete_ranks_from_one(
-    w: P.World, s: P.SymState, me: Any, st_: P.SymSettings, wall: Any
-) -> P.SymState:
-    done = P.s_mark_complete_clearing_wait_list(w, s, me, st_, wall)
-    return done.evolve(ranks=w.array_of(lambda x: done.ranks[x] + 1))
-
-
+complete_all_rank_zero, s_complete_all_rank_zero = planted_ranks(
+    "complete_all_rank_zero", lambda r: r - r
+)
+complete_ranks_from_one, s_complete_ranks_from_one = planted_ranks(
+    "complete_ranks_from_one", lambda r: r + 1
+)
 PLANTED_EFFECTS = [
     (complete_all_rank_zero, s_complete_all_rank_zero),
     (complete_ranks_from_one, s_complete_ranks_from_one),
@@ -252,6 +249,6 @@ def test_a_planted_bug_fails_its_answer_obligation(prop: str) -> None:
     failed = {o.name: "\n".join(o.detail) for o in out if o.verdict == "FAILS"}
     assert expected in failed, sorted(failed)
     detail = failed[expected]
-    assert "with 1 node(s)" in detail or "with 2 node(s)" in detail or "node(s):" in detail
+    assert "node(s):" in detail
     assert "before: " in detail
     assert not [o for o in out if o.verdict == "refuted"]
