@@ -10,7 +10,13 @@ walk's end was judged. Each row runs in a fresh subprocess, which reports its ow
 memory (ru_maxrss). Runs without symmetry reduction are capped (``--max-states``) and marked
 "bound" when the cap cut them; nothing is extrapolated.
 
-    python benchmarks/bench_model_check.py            # full table (several minutes)
+A third table runs the same configurations three ways in one run and prints their
+rates side by side: the checker of a pinned commit (:data:`PINNED`, extracted with
+``git archive``, interpreted), this tree interpreted, and this tree compiled
+(``--native``, see ``model_check/native.py``), with the ratio of the last to the first
+and whether all three counted the same states (they must: the search is the same).
+
+    python benchmarks/bench_model_check.py            # full tables (tens of minutes)
     python benchmarks/bench_model_check.py --quick    # N = 2..5 and N = 64 only
 """
 
@@ -21,6 +27,8 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,18 +53,51 @@ UNREDUCED_CAP = 150_000
 """Unique-state cap for runs without symmetry reduction."""
 ROW_TIMEOUT_S = 900
 """Wall-clock limit per row."""
+PINNED = "3a2bc49e6a48d2988403f8266d35593be293bd39"
+"""The commit whose checker the comparison table runs as "old": the last one before the
+compiled build (``--native``)."""
+COMPARED = (
+    ("light N=6, no symmetry", (*LIGHT, "--nodes=6", "--no-symmetry", "--max-states=60000")),
+    ("light N=8", (*LIGHT, "--nodes=8")),
+    (
+        "hardened N=4 --crash 1",
+        ("--protocol=hardened", "--nodes=4", "--crash=1", "--max-states=40000"),
+    ),
+    ("scale N=3 --crash 1", ("--protocol=scale", "--nodes=3", "--crash=1", "--max-states=40000")),
+    ("random N=256", (*LIGHT, "--mode=random", "--nodes=256", "--steps=2000", "--seed=1")),
+)
+"""The comparison table's configurations: the speed table's light rows, and the faulty
+searches the exhaustive runs of docs/model_checker.md are made of (capped, so a row takes
+seconds to a minute)."""
+COMPARED_QUICK = (
+    ("light N=5", (*LIGHT, "--nodes=5")),
+    (
+        "hardened N=3 --crash 1",
+        ("--protocol=hardened", "--nodes=3", "--crash=1", "--max-states=3000"),
+    ),
+)
 
 
-def run_row(args: list[str], timeout_s: float = ROW_TIMEOUT_S) -> dict[str, object]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def run_row(
+    args: list[str] | tuple[str, ...],
+    timeout_s: float = ROW_TIMEOUT_S,
+    source: Path = ROOT,
+    native: bool = False,
+) -> dict[str, object]:
+    """One run of the checker under ``source`` (a tree holding ``spec`` and
+    ``model_check``), in a fresh interpreter that imports nothing else of this checkout."""
+    env = dict(os.environ, PYTHONPATH=str(source))
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "model_check", "--json", "--quiet", *args],
+        [sys.executable, "-P", "-m", "model_check", "--json", "--quiet"]
+        + (["--native"] if native else [])
+        + list(args),
         capture_output=True,
         text=True,
         env=env,
         timeout=timeout_s,
         check=False,
+        cwd=source,
     )
     wall = time.monotonic() - start
     if proc.returncode not in (0, 1, 3):
@@ -106,7 +147,59 @@ def main(argv: list[str] | None = None) -> int:
             f"{float(doc['wall']):.1f} s wall, {float(doc['peak_rss_mib']):.0f} MiB |",  # type: ignore[arg-type]
             flush=True,
         )
+    print()
+    compare(COMPARED_QUICK if ns.quick else COMPARED)
     return 0
+
+
+def pinned_tree(where: Path) -> Path:
+    """The ``spec`` and ``model_check`` packages of :data:`PINNED`, extracted under
+    ``where``."""
+    proc = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", PINNED, "spec", "model_check"],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"bench_model_check: cannot read commit {PINNED[:12]} for the comparison "
+            f"table ({proc.stderr.decode(errors='replace').strip()}); run it in a git "
+            "checkout holding that commit (git fetch)"
+        )
+    archive = where / "pinned.tar"
+    archive.write_bytes(proc.stdout)
+    with tarfile.open(archive) as tar:
+        tar.extractall(where / "pinned", filter="data")
+    return where / "pinned"
+
+
+def compare(rows: tuple[tuple[str, tuple[str, ...]], ...]) -> None:
+    """The comparison table: each configuration under the pinned checker, this one
+    interpreted and this one compiled."""
+    print(f"The same searches, old and new (old: commit {PINNED[:7]}, interpreted):")
+    print()
+    print(
+        "| configuration | distinct | generated | old states/s | interpreted states/s "
+        "| --native states/s | ratio | same counts |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        old_tree = pinned_tree(Path(tmp))
+        for name, args in rows:
+            docs = [
+                run_row(args, source=old_tree),
+                run_row(args),
+                run_row(args, native=True),
+            ]
+            rates = [int(d["states"]) / max(float(d["wall_seconds"]), 1e-9) for d in docs]  # type: ignore[call-overload,arg-type]
+            same = len({(d["states"], d["unique"], d["result"]) for d in docs}) == 1
+            print(
+                f"| {name} | {docs[0]['unique']} | {docs[0]['states']} | {rates[0]:.0f} | "
+                f"{rates[1]:.0f} | {rates[2]:.0f} | {rates[2] / rates[0]:.2f}x | "
+                f"{'yes' if same else 'NO'} |",
+                flush=True,
+            )
 
 
 def _print(doc: dict[str, object], mode: str, n: int, sym: str, note: str) -> None:

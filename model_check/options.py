@@ -354,6 +354,12 @@ def _parser() -> argparse.ArgumentParser:
         help=f"print one JSON document ({RESULT_FORMAT}) instead of text (default off)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (default off)")
+    p.add_argument(
+        "--native",
+        action="store_true",
+        help="run the same checker compiled with mypyc (built once per source tree, a few "
+        "minutes; same output, faster; needs mypy and a C compiler; default off)",
+    )
     return p
 
 

@@ -13,6 +13,7 @@ need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+command -v gcc >/dev/null 2>&1 || need+=(gcc)
 if [ "${#need[@]}" -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
         echo "scripts/test.sh: missing ${need[*]}; install them with: sudo apt-get install -y ${need[*]}" >&2
@@ -31,6 +32,10 @@ done
 # pip pick the newest release it allows, a CUDA build of several GB.
 python3 -m pip install --quiet --disable-pip-version-check 'torch==2.13.0'
 python3 -m pip install --quiet --disable-pip-version-check -e '.[test,torch,redis,etcd,bench]'
+# The compiled checker (--native; model_check/native.py), built once here, not by
+# several test processes at once (a build takes a few minutes; an unchanged tree reuses it).
+echo "== the compiled checker (--native)"
+python3 -m model_check --native --nodes 2 --protocol hardened --quiet >/dev/null
 
 # Given test paths or node ids (anything that is not an option), run just those, one at a
 # time. Otherwise the whole suite in two parts: first the tests that only compute (marked

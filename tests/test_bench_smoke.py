@@ -111,6 +111,16 @@ def test_bench_model_check_quick_prints_both_tables() -> None:
     # Every fault, and still no violation; every walk's end was decided.
     assert [(p, v) for p, v, _, _ in walks] == [("hardened", "none"), ("scale", "none")], out
     assert all(int(checked) >= 1 and undecided == "0" for _, _, checked, undecided in walks)
+    # Old (the pinned commit), interpreted and compiled: the same searches, counted alike.
+    compared = re.findall(
+        r"^\| ([^|]+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| ([\d.]+)x \| (\w+) \|$",
+        out,
+        re.M,
+    )
+    assert [row[0] for row in compared] == ["light N=5", "hardened N=3 --crash 1"], out
+    for _, distinct, generated, old, plain, compiled, ratio, same in compared:
+        assert same == "yes" and int(distinct) > 0 and int(generated) >= int(distinct)
+        assert min(int(old), int(plain), int(compiled)) > 0 and float(ratio) > 0
 
 
 def test_bench_commutation_counts_commuting_pairs_of_moves() -> None:
