@@ -39,7 +39,8 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 
 from model_check.__main__ import UsageError, _parser, build_config  # noqa: E402
 from model_check.canon import Canon  # noqa: E402
-from model_check.model import ModelConfig, Move, World, apply, enabled, initial_world  # noqa: E402
+from model_check.model import apply, enabled, initial_world  # noqa: E402
+from model_check.world import ModelConfig, Move, World  # noqa: E402
 
 EVERY_FAULT = ["--crash", "1", "--restart-new", "1", "--cas-unknown", "1", "--store-down", "1"]
 DEFAULT_RUNS = (

@@ -42,21 +42,7 @@ from model_check.explore import (
     replay,
     settle_limit,
 )
-from model_check.model import (
-    AGENT_WORKLOAD,
-    CALLS_END,
-    LIVELOCK,
-    MONITOR_WORKLOAD,
-    TICKS_WORKLOAD,
-    ModelConfig,
-    Move,
-    Outcome,
-    Violation,
-    World,
-    describe_proc,
-    initial_world,
-    store_state,
-)
+from model_check.model import describe_proc, initial_world
 from model_check.options import (
     BUDGET_LIMIT,
     BUDGET_OPTIONS,
@@ -89,6 +75,19 @@ from model_check.options import (
     build_config,
     canonical_argv,
     progress_line,
+)
+from model_check.world import (
+    AGENT_WORKLOAD,
+    CALLS_END,
+    LIVELOCK,
+    MONITOR_WORKLOAD,
+    TICKS_WORKLOAD,
+    ModelConfig,
+    Move,
+    Outcome,
+    Violation,
+    World,
+    store_state,
 )
 
 # The options live in model_check.options (shared with --workers walks); the CLI

@@ -55,7 +55,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from functools import partial
 
-from model_check.model import (
+from model_check.world import (
     BEATING_PCS,
     CACHE_LIMIT,
     Completion,

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from model_check.canon import Canon, plain_fingerprint
-from model_check.model import (
+from model_check.model import CONTROL_MOVES, ENDED_WRONGLY, apply, enabled, unfinished_calls
+from model_check.model import initial_world as make_initial
+from model_check.world import (
     CALLS_END,
-    CONTROL_MOVES,
-    ENDED_WRONGLY,
     FAULT_KINDS,
     LIVELOCK,
     ModelConfig,
@@ -33,11 +33,7 @@ from model_check.model import (
     Outcome,
     Violation,
     World,
-    apply,
-    enabled,
-    unfinished_calls,
 )
-from model_check.model import initial_world as make_initial
 
 ProgressFn = Callable[[dict[str, float]], None]
 

@@ -45,6 +45,7 @@ COMPILED = (
     "spec/machine.py",
     "spec/invariants.py",
     "spec/wire.py",
+    "model_check/world.py",
     "model_check/model.py",
     "model_check/canon.py",
     "model_check/explore.py",
@@ -56,7 +57,7 @@ diagrams) runs interpreted from the same build directory."""
 PYTHON_CLASSES: dict[str, tuple[str, ...]] = {
     "spec/state.py": ("NodeId", "RendezvousState"),
     "spec/machine.py": ("Local",),
-    "model_check/model.py": ("Proc",),
+    "model_check/world.py": ("Proc",),
 }
 """Classes kept as ordinary Python classes in the compiled modules: ``NodeId`` derives
 from a named tuple (mypyc compiles no subclass of a built-in type), and the others cache

@@ -14,13 +14,6 @@ import sys
 from typing import Any, NoReturn
 
 import spec
-from model_check.model import (
-    AGENT_WORKLOAD,
-    MODEL_PROPERTIES,
-    WORKLOADS,
-    Faults,
-    ModelConfig,
-)
 from model_check.planted import PLANTED
 from model_check.swarm import (
     DEFAULT_WALK_MOVES,
@@ -28,6 +21,7 @@ from model_check.swarm import (
     WALK_MOVES_LIMIT,
     WALKS_LIMIT,
 )
+from model_check.world import AGENT_WORKLOAD, MODEL_PROPERTIES, WORKLOADS, Faults, ModelConfig
 
 TRACE_FORMAT = "rdzv-model-check-trace/1"
 RESULT_FORMAT = "rdzv-model-check-result/2"

@@ -26,8 +26,8 @@ from multiprocessing.process import BaseProcess
 from typing import Any, NoReturn
 
 from model_check.explore import Result, simulate
-from model_check.model import Move, Violation
 from model_check.options import _parser, build_config, progress_line
+from model_check.world import Move, Violation
 
 Job = tuple[list[str], int, int, int]
 """``(argv, seed, index, steps)``: what one walk needs, all plain values."""

@@ -39,18 +39,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from model_check.model import (
-    RANK_IN_RANGE,
-    RANKS_DISTINCT,
-    RETURN_IS_MEMBER,
-    WORLD_SIZE_AGREEMENT,
-    WORLD_SIZE_IN_RANGE,
-)
-from model_check.prove import (
-    UNSAFE_ANSWERS,
-    Outcome,
-    Setup,
-    Symbols,
+from model_check.prove import UNSAFE_ANSWERS, Outcome, Setup, Symbols
+from model_check.prove_model import (
     SymSettings,
     SymState,
     World,
@@ -59,6 +49,13 @@ from model_check.prove import (
     fresh_state,
     selected,
     state_facts,
+)
+from model_check.world import (
+    RANK_IN_RANGE,
+    RANKS_DISTINCT,
+    RETURN_IS_MEMBER,
+    WORLD_SIZE_AGREEMENT,
+    WORLD_SIZE_IN_RANGE,
 )
 from spec.vocabulary import Action, Op
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from model_check.canon import Canon, plain_fingerprint
 from model_check.explore import Result, simulate
-from model_check.model import (
+from model_check.world import (
     CALLS_END,
     FAULT_KINDS,
     LIVELOCK,

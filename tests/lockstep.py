@@ -36,15 +36,8 @@ from datetime import timedelta
 import spec
 from model_check.canon import plain_fingerprint
 from model_check.explore import FAULT_MOVES
-from model_check.model import (
-    Lane,
-    ModelConfig,
-    Move,
-    World,
-    apply,
-    enabled,
-    initial_world,
-)
+from model_check.model import apply, enabled, initial_world
+from model_check.world import Lane, ModelConfig, Move, World
 from rdzv.api import RendezvousSettings, RendezvousTimeout
 from rdzv.backend import RendezvousBackend, StoreRendezvousBackend
 from rdzv.clock import FakeClock

@@ -18,7 +18,8 @@ from lockstep import Lockstep, LockstepDivergence, leaf_paths
 import rdzv.handler
 import spec
 from model_check.__main__ import _parser, build_config, load_trace, main
-from model_check.model import Faults, ModelConfig, _shift_state
+from model_check.model import _shift_state
+from model_check.world import Faults, ModelConfig
 from spec import RendezvousState
 
 EVERY_FAULT = Faults(crash=1, restart_new=1, restart_same=1, cas_unknown=2, store_down=2)

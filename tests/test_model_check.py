@@ -42,16 +42,6 @@ from model_check.explore import (
     simulate,
 )
 from model_check.model import (
-    CALLS_END,
-    STALE_SIGHTING,
-    Faults,
-    ModelConfig,
-    Move,
-    Pc,
-    Proc,
-    Returned,
-    Violation,
-    World,
     apply,
     enabled,
     forget_stale_announcement,
@@ -63,6 +53,18 @@ from model_check.model import (
 )
 from model_check.model import initial_world as make_initial
 from model_check.planted import PLANTED
+from model_check.world import (
+    CALLS_END,
+    STALE_SIGHTING,
+    Faults,
+    ModelConfig,
+    Move,
+    Pc,
+    Proc,
+    Returned,
+    Violation,
+    World,
+)
 from spec import NodeId, RendezvousState
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,7 +25,8 @@ import pytest
 import spec
 from model_check.__main__ import main
 from model_check.explore import Result, explore, replay
-from model_check.model import (
+from model_check.planted import PLANTED
+from model_check.world import (
     COUNT_REFLECTS_ROUND,
     RESTART_HAS_CAUSE,
     ROUND_END_REPORTED,
@@ -33,7 +34,6 @@ from model_check.model import (
     Faults,
     ModelConfig,
 )
-from model_check.planted import PLANTED
 
 
 def _run(protocol: str, nodes: int, min_nodes: int, max_nodes: int, **extra: Any) -> Result:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import spec
-from model_check import model
+from model_check import world
 from model_check.__main__ import (
     BUDGET_LIMIT,
     BUDGET_OPTIONS,
@@ -35,7 +35,7 @@ from model_check.__main__ import (
     build_config,
     main,
 )
-from model_check.model import CALLS_END, MODEL_PROPERTIES
+from model_check.world import CALLS_END, MODEL_PROPERTIES
 
 ROOT = Path(__file__).resolve().parent.parent
 CRASH = [
@@ -243,10 +243,10 @@ def test_every_property_the_checker_reports_is_a_listed_trace_name() -> None:
         elif isinstance(arg, ast.Name):
             used_name = arg.id
         else:
-            pytest.fail(f"{where}: name the property with a constant of model.MODEL_PROPERTIES")
+            pytest.fail(f"{where}: name the property with a constant of world.MODEL_PROPERTIES")
         if used_name in passed_on:
             continue
-        value = getattr(model, used_name, None)
+        value = getattr(world, used_name, None)
         assert value in MODEL_PROPERTIES, f"{where}: {used_name} is not in MODEL_PROPERTIES"
         used.add(value)
     assert len(used) > 10

@@ -14,15 +14,8 @@ import pytest
 
 import spec
 from model_check.explore import explore
-from model_check.model import (
-    AGENT_WORKLOAD,
-    MONITOR_WORKLOAD,
-    ModelConfig,
-    Move,
-    Pc,
-    World,
-    enabled,
-)
+from model_check.model import enabled
+from model_check.world import AGENT_WORKLOAD, MONITOR_WORKLOAD, ModelConfig, Move, Pc, World
 
 SMALL = {"nodes": 2, "min_nodes": 2, "max_nodes": 2, "closes": 0, "max_rounds": 2}
 

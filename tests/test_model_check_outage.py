@@ -20,7 +20,7 @@ import pytest
 import spec
 from model_check.__main__ import main
 from model_check.explore import Result, explore
-from model_check.model import LIVE_NODE_EVICTED, Faults, ModelConfig
+from model_check.world import LIVE_NODE_EVICTED, Faults, ModelConfig
 from spec.machine import evolve
 
 

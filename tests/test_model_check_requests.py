@@ -17,7 +17,7 @@ import pytest
 import spec
 import spec.machine
 from model_check.explore import explore, replay
-from model_check.model import REQUESTS_SERVED, ModelConfig
+from model_check.world import REQUESTS_SERVED, ModelConfig
 from spec import NodeId, RendezvousState
 
 LIGHT: dict[str, object] = {"workload": "ticks", "worker_failures": 0}

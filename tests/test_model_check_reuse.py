@@ -19,8 +19,9 @@ import pytest
 import spec
 from model_check.__main__ import main
 from model_check.explore import Result, explore
-from model_check.model import JOBS_NEVER_MIX, ModelConfig, enabled, initial_world
+from model_check.model import enabled, initial_world
 from model_check.planted import PLANTED
+from model_check.world import JOBS_NEVER_MIX, ModelConfig
 
 
 def _run(protocol: str, **extra: Any) -> Result:

@@ -23,8 +23,8 @@ import spec
 from model_check import swarm
 from model_check.__main__ import main
 from model_check.explore import explore
-from model_check.model import FAULT_KINDS, Faults, ModelConfig
 from model_check.planted import CROWD, CROWDED_RANKS
+from model_check.world import FAULT_KINDS, Faults, ModelConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 EVERY_FAULT = [

@@ -14,6 +14,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from model_check import prove as P
+from model_check import prove_model as M
 from spec import effects as E
 from spec.invariants import STATE_INVARIANTS, STEP_INVARIANTS
 from spec.settings import Settings
@@ -68,15 +69,15 @@ def settings_(draw: st.DrawFn) -> Settings:
     )
 
 
-def world() -> P.World:
-    return P.World(z3, NODES)
+def world() -> M.World:
+    return M.World(z3, NODES)
 
 
-def node_const(w: P.World, node: NodeId) -> Any:
+def node_const(w: M.World, node: NodeId) -> Any:
     return w.consts[w.ids.index(node)]
 
 
-def forced(w: P.World, hypotheses: list[Any], pairs: list[tuple[Any, Any]]) -> None:
+def forced(w: M.World, hypotheses: list[Any], pairs: list[tuple[Any, Any]]) -> None:
     """The hypotheses are satisfiable and force every expr to its expected value."""
     solver = z3.Solver()
     solver.add(*w.axioms, *hypotheses)
@@ -92,7 +93,7 @@ def forced(w: P.World, hypotheses: list[Any], pairs: list[tuple[Any, Any]]) -> N
         raise AssertionError("symbolic model disagrees with spec: " + "; ".join(wrong[:5]))
 
 
-def state_pairs(w: P.World, sym: P.SymState, real: RendezvousState) -> list[tuple[Any, Any]]:
+def state_pairs(w: M.World, sym: M.SymState, real: RendezvousState) -> list[tuple[Any, Any]]:
     pairs: list[tuple[Any, Any]] = [
         (sym.round, real.round),
         (sym.complete, real.complete),
@@ -120,16 +121,16 @@ def state_pairs(w: P.World, sym: P.SymState, real: RendezvousState) -> list[tupl
 
 
 def check_effect_agrees(
-    effect: E.Effect, model: P.SymEffect, state: RendezvousState, settings: Settings, who: int
+    effect: E.Effect, model: M.SymEffect, state: RendezvousState, settings: Settings, who: int
 ) -> None:
     w = world()
     node = NODES[who]
     wall = 50
     after = model(
         w,
-        P.concrete_state(w, state),
+        M.concrete_state(w, state),
         node_const(w, node),
-        P.concrete_settings(w, settings),
+        M.concrete_settings(w, settings),
         z3.IntVal(wall),
     )
     real = effect(state, node, settings, wall)
@@ -142,16 +143,16 @@ def check_effect_agrees(
 def test_every_upstream_effect_has_a_symbolic_model() -> None:
     for variant in VARIANTS.values():
         for action, effect in variant.effects.items():
-            assert effect in P.SYMBOLIC_EFFECTS, f"{variant.name}: {action.value}"
+            assert effect in M.SYMBOLIC_EFFECTS, f"{variant.name}: {action.value}"
 
 
 def test_every_named_invariant_has_an_encoding() -> None:
     assert P.coverage_problems() == []
-    assert set(P.SYMBOLIC_STATE_INVARIANTS) == {i.name for i in STATE_INVARIANTS}
-    assert set(P.SYMBOLIC_STEP_INVARIANTS) == {i.name for i in STEP_INVARIANTS}
+    assert set(M.SYMBOLIC_STATE_INVARIANTS) == {i.name for i in STATE_INVARIANTS}
+    assert set(M.SYMBOLIC_STEP_INVARIANTS) == {i.name for i in STEP_INVARIANTS}
 
 
-MODELLED = sorted(P.SYMBOLIC_EFFECTS, key=lambda f: f.__name__)
+MODELLED = sorted(M.SYMBOLIC_EFFECTS, key=lambda f: f.__name__)
 
 
 @pytest.mark.parametrize("effect", MODELLED, ids=[f.__name__ for f in MODELLED])
@@ -160,22 +161,22 @@ MODELLED = sorted(P.SYMBOLIC_EFFECTS, key=lambda f: f.__name__)
 def test_symbolic_effect_equals_spec_effect(
     effect: E.Effect, state: RendezvousState, settings: Settings, who: int
 ) -> None:
-    check_effect_agrees(effect, P.SYMBOLIC_EFFECTS[effect], state, settings, who)
+    check_effect_agrees(effect, M.SYMBOLIC_EFFECTS[effect], state, settings, who)
 
 
-FOLDS = sorted(P.SYMBOLIC_FOLDS, key=lambda f: f.__name__)
+FOLDS = sorted(M.SYMBOLIC_FOLDS, key=lambda f: f.__name__)
 
 
 def test_every_variant_fold_has_a_symbolic_model() -> None:
     for variant in VARIANTS.values():
         for action, fold in variant.folds.items():
-            assert fold in P.SYMBOLIC_FOLDS, f"{variant.name}: {action.value}"
+            assert fold in M.SYMBOLIC_FOLDS, f"{variant.name}: {action.value}"
     assert VARIANTS["scale"].folds  # the check above is not vacuous
 
 
 def check_fold_agrees(
     fold: E.Fold,
-    model: P.SymFold,
+    model: M.SymFold,
     state: RendezvousState,
     settings: Settings,
     who: int,
@@ -186,10 +187,10 @@ def check_fold_agrees(
     members = w.set_of(lambda x: z3.Or(False, *[x == node_const(w, n) for n in announced]))
     after = model(
         w,
-        P.concrete_state(w, state),
+        M.concrete_state(w, state),
         node_const(w, NODES[who]),
         members,
-        P.concrete_settings(w, settings),
+        M.concrete_settings(w, settings),
         z3.IntVal(wall),
     )
     real = fold(state, NODES[who], announced, settings, wall)
@@ -212,13 +213,13 @@ def test_symbolic_fold_equals_spec_fold(
     announced: set[NodeId],
 ) -> None:
     hypothesis.assume(state.num_participants <= settings.max_nodes)
-    check_fold_agrees(fold, P.SYMBOLIC_FOLDS[fold], state, settings, who, tuple(announced))
+    check_fold_agrees(fold, M.SYMBOLIC_FOLDS[fold], state, settings, who, tuple(announced))
 
 
 def test_a_planted_fold_that_ignores_max_nodes_fails_the_proof() -> None:
     def s_fold_everyone(
-        w: P.World, s: P.SymState, me: Any, announced: Any, st_: P.SymSettings, wall: Any
-    ) -> P.SymState:
+        w: M.World, s: M.SymState, me: Any, announced: Any, st_: M.SymSettings, wall: Any
+    ) -> M.SymState:
         joined = w.set_of(lambda x: z3.Or(s.participants[x], announced[x]))
         n = w.fresh("n", z3.IntSort())
         w.side.extend(w.card_facts(joined, n))
@@ -237,12 +238,12 @@ def test_a_planted_fold_that_ignores_max_nodes_fails_the_proof() -> None:
     assert key in failed, sorted(failed)
 
 
-PRUNERS = sorted(P.SYMBOLIC_PRUNERS, key=lambda f: f.__name__)
+PRUNERS = sorted(M.SYMBOLIC_PRUNERS, key=lambda f: f.__name__)
 
 
 def test_every_variant_prune_has_a_symbolic_model() -> None:
     for variant in VARIANTS.values():
-        assert variant.prune in P.SYMBOLIC_PRUNERS, variant.name
+        assert variant.prune in M.SYMBOLIC_PRUNERS, variant.name
 
 
 @pytest.mark.parametrize("pruner", PRUNERS, ids=[f.__name__ for f in PRUNERS])
@@ -257,8 +258,8 @@ def test_symbolic_prune_equals_spec_prune(
     w = world()
     nodes = tuple(NODES[i] for i in sorted(dead))
     dead_set = w.set_of(lambda x: z3.Or(False, *[x == node_const(w, n) for n in nodes]))
-    model = P.SYMBOLIC_PRUNERS[pruner]
-    after = model(w, P.concrete_state(w, state), dead_set, P.concrete_settings(w, settings))
+    model = M.SYMBOLIC_PRUNERS[pruner]
+    after = model(w, M.concrete_state(w, state), dead_set, M.concrete_settings(w, settings))
     real = pruner(state, nodes, settings).state
     forced(w, list(w.side), state_pairs(w, after, real))
 
@@ -269,7 +270,7 @@ def test_symbolic_sanitize_equals_spec_sanitize(
     state: RendezvousState, settings: Settings, wall: int
 ) -> None:
     w = world()
-    after = P.s_sanitize(w, P.concrete_state(w, state), P.concrete_settings(w, settings), wall)
+    after = M.s_sanitize(w, M.concrete_state(w, state), M.concrete_settings(w, settings), wall)
     real = E.sanitize(state, settings, wall).state
     forced(w, list(w.side), state_pairs(w, after, real))
 
@@ -295,16 +296,16 @@ def test_symbolic_atoms_equal_spec_atoms(
 ) -> None:
     w = world()
     ctx = Context(NODES[who], state, settings, mono, wall, op_deadline, window)
-    sym = P.SymContext(
+    sym = M.SymContext(
         node_const(w, NODES[who]),
-        P.concrete_state(w, state),
-        P.concrete_settings(w, settings),
+        M.concrete_state(w, state),
+        M.concrete_settings(w, settings),
         z3.IntVal(mono),
         z3.IntVal(wall),
         z3.IntVal(op_deadline),
         z3.IntVal(window),
     )
-    pairs = [(P.sym_atom(w, a, sym), z3.BoolVal(a.holds(ctx))) for a in Atom]
+    pairs = [(M.sym_atom(w, a, sym), z3.BoolVal(a.holds(ctx))) for a in Atom]
     forced(w, [], pairs)
 
 
@@ -314,20 +315,20 @@ def test_symbolic_invariants_equal_spec_invariants(
     before: RendezvousState, after: RendezvousState, settings: Settings
 ) -> None:
     w = world()
-    b, a = P.concrete_state(w, before), P.concrete_state(w, after)
-    s = P.concrete_settings(w, settings)
+    b, a = M.concrete_state(w, before), M.concrete_state(w, after)
+    s = M.concrete_settings(w, settings)
     pairs = [
-        (P.SYMBOLIC_STATE_INVARIANTS[inv.name](w, b, s), inv.check(before, settings) is None)
+        (M.SYMBOLIC_STATE_INVARIANTS[inv.name](w, b, s), inv.check(before, settings) is None)
         for inv in STATE_INVARIANTS
     ]
     pairs += [
         (
-            P.SYMBOLIC_STEP_INVARIANTS[inv.name](w, b, a, s),
+            M.SYMBOLIC_STEP_INVARIANTS[inv.name](w, b, a, s),
             inv.check(before, after, settings) is None,
         )
         for inv in STEP_INVARIANTS
     ]
-    pairs.append((P.inv_open_round_below_max(w, b, s), P.aux_holds(before, settings)))
+    pairs.append((M.inv_open_round_below_max(w, b, s), P.aux_holds(before, settings)))
     forced(w, [], [(x, z3.BoolVal(v)) for x, v in pairs])
 
 
@@ -340,10 +341,10 @@ def test_invariant_cross_check_sees_completions() -> None:
     good = E.add_to_participants(before, b, settings, 5)
     bad = good.evolve(participants={a: 0, b: 0})
     w = world()
-    s = P.concrete_settings(w, settings)
+    s = M.concrete_settings(w, settings)
     for after, ok in ((good, True), (bad, False)):
-        sym = P.step_completion_assigns_ranks(
-            w, P.concrete_state(w, before), P.concrete_state(w, after), s
+        sym = M.step_completion_assigns_ranks(
+            w, M.concrete_state(w, before), M.concrete_state(w, after), s
         )
         forced(w, [], [(sym, z3.BoolVal(ok))])
 
@@ -382,8 +383,8 @@ def test_main_exits_zero_and_names_each_obligation(capsys: pytest.CaptureFixture
 
 
 def test_a_missing_atom_formula_fails_coverage(monkeypatch: pytest.MonkeyPatch) -> None:
-    partial = {a: f for a, f in P.ATOM_FORMULAS.items() if a is not Atom.HEARTBEAT_DUE}
-    monkeypatch.setattr(P, "ATOM_FORMULAS", partial)
+    partial = {a: f for a, f in M.ATOM_FORMULAS.items() if a is not Atom.HEARTBEAT_DUE}
+    monkeypatch.setattr(M, "ATOM_FORMULAS", partial)
     outcomes = list(P.prove_all([UPSTREAM]))
     assert [o.verdict for o in outcomes] == ["FAILS"]
     assert "atom heartbeat_due has no symbolic definition" in outcomes[0].detail[0]
@@ -405,7 +406,7 @@ def test_protocol_and_variant_name_one_option(capsys: pytest.CaptureFixture[str]
 # ---------------------------------------------------------------------------------------
 # Planted bugs: the proofs must fail with a counterexample that spec confirms
 # ---------------------------------------------------------------------------------------
-def failures(variant: Variant, models: dict[E.Effect, P.SymEffect] | None = None) -> dict[str, str]:
+def failures(variant: Variant, models: dict[E.Effect, M.SymEffect] | None = None) -> dict[str, str]:
     out = P.Prover(variant, models=models).prove()
     return {o.name: "\n".join(o.detail) for o in out if not o.holds}
 
@@ -468,9 +469,9 @@ def add_keeping_wait_list(
 
 
 def s_add_keeping_wait_list(
-    w: P.World, s: P.SymState, me: Any, st_: P.SymSettings, wall: Any
-) -> P.SymState:
-    new = P.s_add_to_participants(w, s, me, st_, wall)
+    w: M.World, s: M.SymState, me: Any, st_: M.SymSettings, wall: Any
+) -> M.SymState:
+    new = M.s_add_to_participants(w, s, me, st_, wall)
     return new.evolve(waiting=z3.Store(new.waiting, me, s.waiting[me]))
 
 
@@ -483,9 +484,9 @@ def complete_in_reverse(
 
 
 def s_complete_in_reverse(
-    w: P.World, s: P.SymState, me: Any, st_: P.SymSettings, wall: Any
-) -> P.SymState:
-    done = P.s_mark_complete(w, s, me, st_, wall)
+    w: M.World, s: M.SymState, me: Any, st_: M.SymSettings, wall: Any
+) -> M.SymState:
+    done = M.s_mark_complete(w, s, me, st_, wall)
     flipped = w.set_of(lambda x: s.n_participants - 1 - done.ranks[x])
     return done.evolve(ranks=flipped)
 
@@ -497,12 +498,12 @@ def leave_reopens(
 
 
 def s_leave_reopens(
-    w: P.World, s: P.SymState, me: Any, st_: P.SymSettings, wall: Any
-) -> P.SymState:
-    return P.s_remove_from_participants(w, s, me, st_, wall).evolve(closed=z3.BoolVal(False))
+    w: M.World, s: M.SymState, me: Any, st_: M.SymSettings, wall: Any
+) -> M.SymState:
+    return M.s_remove_from_participants(w, s, me, st_, wall).evolve(closed=z3.BoolVal(False))
 
 
-PLANTED: list[tuple[Action, E.Effect, P.SymEffect, str]] = [
+PLANTED: list[tuple[Action, E.Effect, M.SymEffect, str]] = [
     (Action.ADD_TO_PARTICIPANTS, add_keeping_wait_list, s_add_keeping_wait_list,
      "join.join_open_round (add_to_participants) keeps lists_disjoint"),
     (Action.MARK_RENDEZVOUS_COMPLETE, complete_in_reverse, s_complete_in_reverse,
@@ -516,7 +517,7 @@ PLANTED: list[tuple[Action, E.Effect, P.SymEffect, str]] = [
     "action,effect,model,expected", PLANTED, ids=[p[1].__name__ for p in PLANTED]
 )
 def test_planted_broken_effect_fails_with_a_confirmed_counterexample(
-    action: Action, effect: E.Effect, model: P.SymEffect, expected: str
+    action: Action, effect: E.Effect, model: M.SymEffect, expected: str
 ) -> None:
     broken = UPSTREAM.derive("planted", description="x", effects={action: effect})
     failed = failures(broken, {effect: model})
@@ -535,7 +536,7 @@ def test_planted_broken_effect_fails_with_a_confirmed_counterexample(
 def test_planted_models_are_faithful_too(
     action: Action,
     effect: E.Effect,
-    model: P.SymEffect,
+    model: M.SymEffect,
     expected: str,
     state: RendezvousState,
     settings: Settings,
@@ -556,8 +557,8 @@ def test_an_effect_without_a_symbolic_model_fails_loudly() -> None:
 def test_a_planted_model_drift_is_caught_by_the_cross_check() -> None:
     # A symbolic keep_alive that forgets to record the heartbeat must disagree with spec.
     def s_forgetful(
-        w: P.World, s: P.SymState, me: Any, st_: P.SymSettings, wall: Any
-    ) -> P.SymState:
+        w: M.World, s: M.SymState, me: Any, st_: M.SymSettings, wall: Any
+    ) -> M.SymState:
         return s
 
     state = RendezvousState.build(wait_list=[NODES[0]], last_heartbeats={NODES[0]: 1})

@@ -17,6 +17,7 @@ from test_prove import EXAMPLES, NODES, check_effect_agrees, settings_, states, 
 
 from model_check import prove as P
 from model_check import prove_answers as A
+from model_check import prove_model as M
 from spec import effects as E
 from spec.settings import Settings
 from spec.state import Millis, NodeId, RendezvousState
@@ -26,7 +27,7 @@ from spec.vocabulary import Action, Op
 
 
 def outcomes(
-    variant: Variant, models: dict[E.Effect, P.SymEffect] | None = None
+    variant: Variant, models: dict[E.Effect, M.SymEffect] | None = None
 ) -> list[P.Outcome]:
     return list(P.Prover(variant, models=models).prove())
 
@@ -40,9 +41,9 @@ def answer_names(name: str) -> list[str]:
 
 
 def _goal_names() -> list[str]:
-    w = P.World(z3)
-    st_, _ = P.fresh_settings(w)
-    s, c = P.fresh_state(w, "s"), A.fresh_completions(w, "c")
+    w = M.World(z3)
+    st_, _ = M.fresh_settings(w)
+    s, c = M.fresh_state(w, "s"), A.fresh_completions(w, "c")
     names = list(A.global_invariants(w, s, c, st_))
     for label in ("k", "n"):
         names += list(A.node_invariants(w, A.fresh_record(w, label), c, label))
@@ -120,11 +121,11 @@ def test_the_intact_lemma_matches_its_concrete_form() -> None:
         (done.evolve(complete=False), done.evolve(participants={a: 0}), True),
     ]
     for before, after, ok in cases:
-        assert P.intact_holds(before, after) is ok
+        assert M.intact_holds(before, after) is ok
         w = world()
-        s = P.concrete_settings(w, Settings())
-        sym = P.step_complete_round_intact(
-            w, P.concrete_state(w, before), P.concrete_state(w, after), s
+        s = M.concrete_settings(w, Settings())
+        sym = M.step_complete_round_intact(
+            w, M.concrete_state(w, before), M.concrete_state(w, after), s
         )
         solver = z3.Solver()
         solver.add(*w.axioms, sym != z3.BoolVal(ok))
@@ -134,7 +135,7 @@ def test_the_intact_lemma_matches_its_concrete_form() -> None:
 # ---------------------------------------------------------------------------------------
 # Planted bugs: one per answer property
 # ---------------------------------------------------------------------------------------
-def planted_ranks(name: str, rank: Callable[[Any], Any]) -> tuple[E.Effect, P.SymEffect]:
+def planted_ranks(name: str, rank: Callable[[Any], Any]) -> tuple[E.Effect, M.SymEffect]:
     """hardened's completion with each member's sorted position ``r`` replaced by
     ``rank(r)``, as a Python effect and its symbolic model (``rank`` serves both)."""
 
@@ -144,8 +145,8 @@ def planted_ranks(name: str, rank: Callable[[Any], Any]) -> tuple[E.Effect, P.Sy
         done = E.mark_complete_clearing_wait_list(state, node, settings, wall_now)
         return done.evolve(participants={m: rank(r) for m, r in done.participants})
 
-    def model(w: P.World, s: P.SymState, me: Any, st_: P.SymSettings, wall: Any) -> P.SymState:
-        done = P.s_mark_complete_clearing_wait_list(w, s, me, st_, wall)
+    def model(w: M.World, s: M.SymState, me: Any, st_: M.SymSettings, wall: Any) -> M.SymState:
+        done = M.s_mark_complete_clearing_wait_list(w, s, me, st_, wall)
         return done.evolve(ranks=w.array_of(lambda x: rank(done.ranks[x])))
 
     effect.__name__ = model.__name__ = name
@@ -170,7 +171,7 @@ PLANTED_EFFECTS = [
 @hypothesis_settings(max_examples=EXAMPLES)
 @given(state=states(), settings=settings_(), who=st.integers(0, 2))
 def test_planted_answer_models_are_faithful(
-    effect: E.Effect, model: P.SymEffect, state: RendezvousState, settings: Settings, who: int
+    effect: E.Effect, model: M.SymEffect, state: RendezvousState, settings: Settings, who: int
 ) -> None:
     check_effect_agrees(effect, model, state, settings, who)
 
@@ -180,7 +181,7 @@ def _join_index(name: str) -> int:
     return next(i for i, r in enumerate(table.rows) if r.name == name)
 
 
-PLANTED: dict[str, tuple[Variant, dict[E.Effect, P.SymEffect] | None, str]] = {
+PLANTED: dict[str, tuple[Variant, dict[E.Effect, M.SymEffect] | None, str]] = {
     A.RETURN_IS_MEMBER: (
         HARDENED.derive(
             "finish-unlisted",
