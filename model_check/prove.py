@@ -61,16 +61,21 @@ import itertools
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from model_check import prove_model
+from model_check.prove_answers import answer_obligations
 from model_check.prove_model import (
     SYMBOLIC_EFFECTS,
     SYMBOLIC_FOLDS,
     SYMBOLIC_PRUNERS,
     SYMBOLIC_STATE_INVARIANTS,
     SYMBOLIC_STEP_INVARIANTS,
+    Concrete,
+    Outcome,
+    Setup,
+    Symbols,
     SymContext,
     SymEffect,
     SymFold,
@@ -113,92 +118,12 @@ AUX_DOC = "an open round has fewer than max_nodes participants (reaching max com
 
 AUX_STEP = "complete_round_intact"
 
-UNSAFE_ANSWERS: Mapping[str, str] = {
-    "upstream": (
-        "documented in docs/findings.md (finding 6, issue 22's failure 1): a member that "
-        "leaves a complete round "
-        "(or is pruned from it) leaves it complete with fewer members, so a paused member "
-        "returns the same round with a smaller world size"
-    ),
-    "torch-2.13": (
-        "as upstream (docs/findings.md, finding 6): a complete round loses members without "
-        "ending, so two members of one round can return different world sizes"
-    ),
-}
-"""Variants known not to guarantee what next_rendezvous returns, and why. Their failing
-answer obligations (and ``complete_round_intact``) are reported as ``refuted``, with the
-counterexample; they do not fail the run, but a listed variant whose answer obligations
-all hold does (the list is then out of date)."""
-
 
 # ---------------------------------------------------------------------------------------
 # Obligations
 # ---------------------------------------------------------------------------------------
 MAX_WITNESS_NODES = 4
 """Witnesses and counterexamples are searched with 1..this many concrete nodes."""
-
-
-@dataclass
-class Outcome:
-    """One obligation's verdict."""
-
-    name: str
-    verdict: str
-    """``holds``, ``FAILS`` or ``UNKNOWN``."""
-    seconds: float
-    detail: list[str] = field(default_factory=list)
-    """Counterexample or explanation lines (empty when it holds)."""
-
-    @property
-    def holds(self) -> bool:
-        return self.verdict == "holds"
-
-    @property
-    def failed(self) -> bool:
-        """Fails the run: ``FAILS`` or ``UNKNOWN`` (not a documented ``refuted``)."""
-        return self.verdict in ("FAILS", "UNKNOWN")
-
-
-@dataclass(frozen=True)
-class Symbols:
-    """Every symbolic value of one obligation, for printing a counterexample."""
-
-    before: SymState
-    after: SymState | None
-    settings: SymSettings
-    me: Z | None = None
-    clocks: Mapping[str, Z] = field(default_factory=dict)
-    atoms: Mapping[str, Z] = field(default_factory=dict)
-    views: Mapping[str, SymState] = field(default_factory=dict)
-    """More states to print, by label (the answer proofs: views, completion records)."""
-    values: Mapping[str, Z] = field(default_factory=dict)
-    """More values to print, by label (the answer proofs: the answers)."""
-
-
-@dataclass(frozen=True)
-class Concrete:
-    """A finite-mode model read back as spec values."""
-
-    before: RendezvousState
-    settings: Settings
-    node: NodeId | None
-    context: Context | None
-    wall_now: int
-
-
-Replay = Callable[[Concrete], list[str]]
-"""Runs the Python spec on a concrete counterexample and says what it does."""
-
-
-@dataclass(frozen=True)
-class Setup:
-    """Hypotheses and goals of a group of obligations, built in one world."""
-
-    world: World
-    hypotheses: list[Z]
-    goals: dict[str, Z]
-    symbols: Symbols
-    replay: Replay | None = None
 
 
 class MissingModel(Exception):
@@ -609,7 +534,7 @@ class Prover:
         """Prove every goal of ``build`` for any number of nodes (incrementally).
 
         A goal that does not hold marks its invariant broken (:attr:`broken`), so the
-        answer proofs do not assume it. For a variant of :data:`UNSAFE_ANSWERS`, a failing
+        answer proofs do not assume it. For a variant of ``prove_model.UNSAFE_ANSWERS``, a failing
         answer goal (``answers``, or the :data:`AUX_STEP` lemma) is ``refuted``."""
         for outcome, goal in self._check_setup(label, build, what):
             if outcome.holds:
@@ -617,7 +542,7 @@ class Prover:
                 continue
             if goal.startswith(("keeps ", "respects ")):
                 self.broken.add(goal.split(" ", 1)[1])
-            known = UNSAFE_ANSWERS.get(self.variant.name)
+            known = prove_model.UNSAFE_ANSWERS.get(self.variant.name)
             if known and outcome.verdict == "FAILS" and (answers or goal.endswith(AUX_STEP)):
                 self.refuted += 1
                 outcome = replace(
@@ -696,8 +621,6 @@ class Prover:
         yield from self.check_setup(
             f"{self.variant.name}: sanitize", self.setup_sanitize, "counterexample to induction"
         )
-        from model_check.prove_answers import answer_obligations
-
         yield from answer_obligations(self)
 
     def base_case(self) -> Iterator[Outcome]:

@@ -39,8 +39,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from model_check.prove import UNSAFE_ANSWERS, Outcome, Setup, Symbols
+from model_check import prove_model
 from model_check.prove_model import (
+    Outcome,
+    Setup,
+    Symbols,
     SymSettings,
     SymState,
     World,
@@ -504,14 +507,14 @@ class AnswerProofs:
             "a counterexample",
             answers=True,
         )
-        known = UNSAFE_ANSWERS.get(name)
+        known = prove_model.UNSAFE_ANSWERS.get(name)
         if known and self.prover.refuted == before:
             yield Outcome(
                 f"{name}: answers are refuted somewhere, as documented",
                 "FAILS",
                 0.0,
                 [
-                    f"model_check.prove.UNSAFE_ANSWERS says {name} breaks the answer "
+                    f"model_check.prove_model.UNSAFE_ANSWERS says {name} breaks the answer "
                     f"properties ({known}), but every answer obligation holds: remove it "
                     "from that list if the protocol was fixed"
                 ],

@@ -6,20 +6,23 @@ effect of ``spec/effects.py``, sanitize, and the state and step invariants of
 ``docs/proofs.md``, *How the model works*); ``tests/test_prove.py`` checks each against
 ``spec`` on concrete states, so the model cannot drift from the code. The obligations,
 the search for counterexamples and the command line are in :mod:`model_check.prove`;
-the answer proofs in :mod:`model_check.prove_answers`.
+the answer proofs in :mod:`model_check.prove_answers`. The verdicts and the shape of an
+obligation (``Outcome``, ``Setup``, ``Symbols``) and the list of protocols known to break
+the answer properties (``UNSAFE_ANSWERS``) are here too, so both of those modules build on
+this one and neither imports the other at run time.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spec import effects as E
 from spec.settings import Settings
 from spec.state import NodeId, RendezvousState
-from spec.tables import Atom, Table
+from spec.tables import Atom, Context, Table
 
 Z = Any
 """A z3 expression (z3 ships no type stubs)."""
@@ -934,3 +937,87 @@ SYMBOLIC_STEP_INVARIANTS: Mapping[str, SymStepInv] = {
     "complete_membership_frozen": step_complete_membership_frozen,
 }
 """Each step invariant of spec/invariants.py, by name."""
+
+
+# ---------------------------------------------------------------------------------------
+# The shape of obligations and their verdicts (shared by the table and answer proofs)
+# ---------------------------------------------------------------------------------------
+UNSAFE_ANSWERS: Mapping[str, str] = {
+    "upstream": (
+        "documented in docs/findings.md (finding 6, issue 22's failure 1): a member that "
+        "leaves a complete round "
+        "(or is pruned from it) leaves it complete with fewer members, so a paused member "
+        "returns the same round with a smaller world size"
+    ),
+    "torch-2.13": (
+        "as upstream (docs/findings.md, finding 6): a complete round loses members without "
+        "ending, so two members of one round can return different world sizes"
+    ),
+}
+"""Variants known not to guarantee what next_rendezvous returns, and why. Their failing
+answer obligations (and ``complete_round_intact``) are reported as ``refuted``, with the
+counterexample; they do not fail the run, but a listed variant whose answer obligations
+all hold does (the list is then out of date)."""
+
+
+@dataclass
+class Outcome:
+    """One obligation's verdict."""
+
+    name: str
+    verdict: str
+    """``holds``, ``FAILS`` or ``UNKNOWN``."""
+    seconds: float
+    detail: list[str] = field(default_factory=list)
+    """Counterexample or explanation lines (empty when it holds)."""
+
+    @property
+    def holds(self) -> bool:
+        return self.verdict == "holds"
+
+    @property
+    def failed(self) -> bool:
+        """Fails the run: ``FAILS`` or ``UNKNOWN`` (not a documented ``refuted``)."""
+        return self.verdict in ("FAILS", "UNKNOWN")
+
+
+@dataclass(frozen=True)
+class Symbols:
+    """Every symbolic value of one obligation, for printing a counterexample."""
+
+    before: SymState
+    after: SymState | None
+    settings: SymSettings
+    me: Z | None = None
+    clocks: Mapping[str, Z] = field(default_factory=dict)
+    atoms: Mapping[str, Z] = field(default_factory=dict)
+    views: Mapping[str, SymState] = field(default_factory=dict)
+    """More states to print, by label (the answer proofs: views, completion records)."""
+    values: Mapping[str, Z] = field(default_factory=dict)
+    """More values to print, by label (the answer proofs: the answers)."""
+
+
+@dataclass(frozen=True)
+class Concrete:
+    """A finite-mode model read back as spec values."""
+
+    before: RendezvousState
+    settings: Settings
+    node: NodeId | None
+    context: Context | None
+    wall_now: int
+
+
+Replay = Callable[[Concrete], list[str]]
+"""Runs the Python spec on a concrete counterexample and says what it does."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Hypotheses and goals of a group of obligations, built in one world."""
+
+    world: World
+    hypotheses: list[Z]
+    goals: dict[str, Z]
+    symbols: Symbols
+    replay: Replay | None = None
