@@ -23,6 +23,7 @@ and whether all three counted the same states (they must: the search is the same
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import subprocess
@@ -167,9 +168,7 @@ def pinned_tree(where: Path) -> Path:
             f"table ({proc.stderr.decode(errors='replace').strip()}); run it in a git "
             "checkout holding that commit (git fetch)"
         )
-    archive = where / "pinned.tar"
-    archive.write_bytes(proc.stdout)
-    with tarfile.open(archive) as tar:
+    with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as tar:
         tar.extractall(where / "pinned", filter="data")
     return where / "pinned"
 
@@ -192,7 +191,7 @@ def compare(rows: tuple[tuple[str, tuple[str, ...]], ...]) -> None:
                 run_row(args),
                 run_row(args, native=True),
             ]
-            rates = [int(d["states"]) / max(float(d["wall_seconds"]), 1e-9) for d in docs]  # type: ignore[call-overload,arg-type]
+            rates = [_rate(d) for d in docs]
             same = len({(d["states"], d["unique"], d["result"]) for d in docs}) == 1
             print(
                 f"| {name} | {docs[0]['unique']} | {docs[0]['states']} | {rates[0]:.0f} | "
@@ -202,12 +201,16 @@ def compare(rows: tuple[tuple[str, tuple[str, ...]], ...]) -> None:
             )
 
 
-def _print(doc: dict[str, object], mode: str, n: int, sym: str, note: str) -> None:
-    states = int(doc["states"])  # type: ignore[call-overload]
+def _rate(doc: dict[str, object]) -> float:
+    """Generated states per second of search (the run's own measure, startup excluded)."""
     sec = float(doc["wall_seconds"])  # type: ignore[arg-type]
-    rate = states / sec if sec > 0 else float("nan")
+    return int(doc["states"]) / sec if sec > 0 else float("nan")  # type: ignore[call-overload]
+
+
+def _print(doc: dict[str, object], mode: str, n: int, sym: str, note: str) -> None:
+    rate = _rate(doc)
     print(
-        f"| {mode} | {n} | {sym} | {doc['unique']} | {states} | {rate:.0f} | "
+        f"| {mode} | {n} | {sym} | {doc['unique']} | {doc['states']} | {rate:.0f} | "
         f"{float(doc['peak_rss_mib']):.0f} | {float(doc['wall']):.1f} | {note} |",  # type: ignore[arg-type]
         flush=True,
     )

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import spec
+from model_check import native
 from model_check.explore import (
     Result,
     doomed_from,
@@ -636,22 +637,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 2
         args = ["--mode=swarm", *args[1:]]
-    if os.environ.get("MODEL_CHECK_NATIVE"):
-        from model_check import native
-
-        if not native.compiled():
-            print(
-                "model_check: error: a --native run imported the interpreted modules, not "
-                f"the build in {os.environ['MODEL_CHECK_NATIVE']}; remove that directory "
-                "and run again",
-                file=sys.stderr,
-            )
-            return 2
-    if "--native" in args:
-        from model_check import native
-
+    if "--native" in args or os.environ.get(native.NATIVE_ENV):
         try:
-            return native.run([a for a in args if a != "--native"])
+            native.check_child()
+            if "--native" in args:
+                return native.run([a for a in args if a != "--native"])
         except native.NativeBuildError as exc:
             print(f"model_check: error: {exc}", file=sys.stderr)
             return 2

@@ -219,6 +219,17 @@ def run(args: Sequence[str]) -> int:
         return child.wait()
 
 
+def check_child() -> None:
+    """Raise if this is the child of a ``--native`` run but runs the interpreted modules
+    (a build directory that no longer holds the compiled ones)."""
+    where = os.environ.get(NATIVE_ENV)
+    if where and not compiled():
+        raise NativeBuildError(
+            f"a --native run imported the interpreted modules, not the build in {where}; "
+            "remove that directory and run again"
+        )
+
+
 def compiled() -> bool:
     """Whether this interpreter runs the compiled modules."""
     from model_check import model
