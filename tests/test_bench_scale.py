@@ -21,7 +21,7 @@ if str(ROOT / "benchmarks") not in sys.path:
     sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_scale  # noqa: E402
-from bench_scale import (  # noqa: E402
+from scale_report import (  # noqa: E402
     COLUMNS,
     PLOT_FILES,
     Outcome,
