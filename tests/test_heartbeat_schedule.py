@@ -15,7 +15,8 @@ import pytest
 import spec
 from rdzv.backend import StoreRendezvousBackend
 from rdzv.clock import FakeClock
-from rdzv.handler import DynamicRendezvousHandler, _Heartbeat, next_keep_alive
+from rdzv.handler import DynamicRendezvousHandler
+from rdzv.heartbeats import Heartbeat, next_keep_alive
 from rdzv.stores import open_store
 
 INTERVAL = 5.0
@@ -61,7 +62,7 @@ def _keep_alive_starts(duration: float, count: int) -> list[float]:
     clock = RecordingClock()
     handler = SlowHandler(clock, duration)
     first = clock.monotonic() + INTERVAL
-    timer = _Heartbeat(handler, INTERVAL, clock, WAIT_S, name="test-keep-alive", first_due=first)  # type: ignore[arg-type]
+    timer = Heartbeat(handler, INTERVAL, clock, WAIT_S, name="test-keep-alive", first_due=first)  # type: ignore[arg-type]
     timer.start()
     try:
         for i in range(count):  # bounded: one keep-alive per pass
