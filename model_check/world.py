@@ -33,6 +33,7 @@ from spec import (
     Wait,
     Withdraw,
 )
+from spec.state import compared_values
 
 BEAT_MODULUS = 4
 """Heartbeat-key values count modulo this in the model (see ``machine_config``)."""
@@ -322,6 +323,10 @@ class Proc:
     waits for every member to have polled; always False otherwise)."""
     _hash: int | None = field(default=None, init=False, repr=False, compare=False, hash=False)
 
+    def __eq__(self, other: object) -> bool:
+        # Not left to @dataclass: see spec.state.compared_values.
+        return other.__class__ is self.__class__ and _proc_values(self) == _proc_values(other)
+
     def __hash__(self) -> int:
         # Computed once per value: explorations hash the same processes many times.
         cached = self._hash
@@ -332,6 +337,7 @@ class Proc:
 
 
 _PROC_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Proc) if f.init)
+_proc_values = compared_values(Proc)
 
 
 def evolve_proc(p: Proc, **changes: object) -> Proc:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, fields, replace
 from spec.codec import CorruptState, ProtocolMismatch, decode, decode_node, encode, encode_node
 from spec.effects import expired_by_wall
 from spec.settings import Settings
-from spec.state import EMPTY_STATE, Millis, NodeId, RendezvousState
+from spec.state import EMPTY_STATE, Millis, NodeId, RendezvousState, compared_values
 from spec.tables import Context
 from spec.variants import KEY_BEATS, LOCAL, UPSTREAM, Variant
 from spec.vocabulary import ACTION_FAILURES, Action, FailKind, Op
@@ -360,6 +360,10 @@ class Local:
     the first state it sees (:func:`job_after`); None before that, and always under a
     variant that never reopens a closed run (:attr:`Variant.reopens`)."""
 
+    def __eq__(self, other: object) -> bool:
+        # Not left to @dataclass: see spec.state.compared_values.
+        return other.__class__ is self.__class__ and _local_values(self) == _local_values(other)
+
     def __hash__(self) -> int:
         # A Local never changes, so its hash is computed once (the model checker hashes
         # the same machine states many times); :func:`evolve` starts the copy without it.
@@ -371,6 +375,7 @@ class Local:
 
 
 _LOCAL_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Local))
+_local_values = compared_values(Local)
 _LOCAL_FIELD_SET = frozenset(_LOCAL_FIELDS)
 
 

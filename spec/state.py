@@ -14,9 +14,10 @@ checker shows what that costs.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import NamedTuple
+import operator
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, NamedTuple
 
 Millis = int
 """Integer milliseconds. Wall-clock instants, monotonic instants and durations alike."""
@@ -89,6 +90,21 @@ def trusted_nodes(fields: Iterable[tuple[str, int, int]]) -> list[NodeId]:
 _new_node = functools.partial(tuple.__new__, NodeId)
 
 
+def compared_values(cls: type) -> Callable[[Any], tuple[object, ...]]:
+    """What ``==`` compares on an instance of the dataclass ``cls``: the values of its
+    fields with ``compare=True``, in order, as one tuple (built in C).
+
+    For the classes that define ``__eq__`` themselves instead of leaving it to
+    ``@dataclass`` (``RendezvousState`` here, ``spec.machine.Local``,
+    ``model_check.world.Proc``): the compiled checker (``--native``) keeps them Python
+    classes, and mypyc compiles ``a == b`` on a Python class that has no ``__eq__`` of its
+    own as ``a is b``."""
+    names = [f.name for f in fields(cls) if f.compare]
+    if len(names) < 2:
+        raise TypeError(f"{cls.__name__}: compared_values needs two or more compared fields")
+    return operator.attrgetter(*names)
+
+
 class _Keep:
     """Marker type for :data:`KEEP`."""
 
@@ -143,6 +159,10 @@ class RendezvousState:
         # Lookup tables are derived caches, never part of identity or equality.
         object.__setattr__(self, "_participant_map", dict(self.participants))
         object.__setattr__(self, "_heartbeat_map", dict(self.last_heartbeats))
+
+    def __eq__(self, other: object) -> bool:
+        # Not left to @dataclass: see compared_values.
+        return other.__class__ is self.__class__ and _state_values(self) == _state_values(other)
 
     def __hash__(self) -> int:
         # The value never changes, so its hash is computed once (the model checker hashes
@@ -286,6 +306,8 @@ class RendezvousState:
             f"redundant=[{reds}] heartbeats=[{beats}]"
         )
 
+
+_state_values = compared_values(RendezvousState)
 
 EMPTY_STATE = RendezvousState()
 """The state of a run nobody has written yet."""
