@@ -164,3 +164,28 @@ def test_the_main_job_finds_failure_1_in_torchs_protocol(
     assert doc["violation"]["name"] == WORLD_SIZE_AGREEMENT
     assert doc["violation"]["moves"] == 19
     assert "fail_worker" in [m["kind"] for m in doc["counterexample"]["moves"]]
+
+
+# -- hardened at N = 4, min 2, max 2: a reopen under a member that does not poll ------------
+
+JOBS_TRACE = Path(__file__).parent / "traces" / "hardened_n4_jobs_never_mix.json"
+"""Found by ``--native --nodes 4 --min-nodes 2 --max-nodes 2 --protocol hardened`` (the
+default bounds) after 82,525 distinct worlds: docs/findings.md, "Re-run on 2026-12-07"."""
+
+
+def test_a_newcomer_reopens_under_a_member_that_skips_its_polls(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--replay", str(JOBS_TRACE), "--json", "--quiet"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["reproduced"] is True and doc["expected"] == "jobs_never_mix"
+    assert doc["moves"] == 20
+    # Under torch's polling rule (every member polls between two ticks) the run does not
+    # exist: the first of the four ticks that expire the leaver is not enabled.
+    trace = json.loads(JOBS_TRACE.read_text(encoding="utf-8"))
+    trace["argv"] = ["--workload=monitor" if a == "--workload=agent" else a for a in trace["argv"]]
+    assert "--workload=monitor" in trace["argv"]
+    monitor = tmp_path / "monitor.json"
+    monitor.write_text(json.dumps(trace), encoding="utf-8")
+    assert main(["--replay", str(monitor), "--json", "--quiet"]) == 2
+    assert "move 16 (tick) is not enabled" in capsys.readouterr().err

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -156,6 +157,15 @@ def test_every_listed_class_exists_in_its_module() -> None:
         assert rel in native.COMPILED
 
 
+def _filled(cls: Any) -> Any:
+    """An instance of the dataclass ``cls`` with every compared field 1."""
+    made = object.__new__(cls)
+    for f in dataclasses.fields(cls):
+        if f.compare:
+            object.__setattr__(made, f.name, 1)
+    return made
+
+
 def test_every_listed_dataclass_defines_its_own_eq() -> None:
     """mypyc compiles ``==`` on a Python class without an ``__eq__`` of its own as
     identity, so each dataclass kept a Python class writes its ``__eq__`` out
@@ -163,19 +173,12 @@ def test_every_listed_dataclass_defines_its_own_eq() -> None:
     for rel, classes in native.PYTHON_CLASSES.items():
         module = importlib.import_module(rel.removesuffix(".py").replace("/", "."))
         for name in classes:
-            cls = getattr(module, name)
+            cls: Any = getattr(module, name)
             if not dataclasses.is_dataclass(cls):
                 continue  # NodeId: a tuple, compared by tuple's own ==
             eq = cls.__dict__["__eq__"]
             assert eq.__code__.co_filename == module.__file__, (rel, name, eq.__code__)
-            one = object.__new__(cls)
-            for f in dataclasses.fields(cls):
-                if f.compare:
-                    object.__setattr__(one, f.name, 1)
-            other = object.__new__(cls)
-            for f in dataclasses.fields(cls):
-                if f.compare:
-                    object.__setattr__(other, f.name, 1)
+            one, other = _filled(cls), _filled(cls)
             assert one == other and one is not other
             object.__setattr__(other, dataclasses.fields(cls)[0].name, 2)
             assert one != other
