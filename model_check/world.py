@@ -331,7 +331,7 @@ class Proc:
         # Computed once per value: explorations hash the same processes many times.
         cached = self._hash
         if cached is None:
-            cached = hash(tuple(getattr(self, name) for name in _PROC_FIELDS))
+            cached = hash(_proc_values(self))
             object.__setattr__(self, "_hash", cached)
         return cached
 

@@ -369,7 +369,7 @@ class Local:
         # the same machine states many times); :func:`evolve` starts the copy without it.
         cached: int | None = self.__dict__.get("_hash")
         if cached is None:
-            cached = hash(tuple(getattr(self, name) for name in _LOCAL_FIELDS))
+            cached = hash(_local_values(self))
             object.__setattr__(self, "_hash", cached)
         return cached
 

@@ -92,7 +92,8 @@ _new_node = functools.partial(tuple.__new__, NodeId)
 
 def compared_values(cls: type) -> Callable[[Any], tuple[object, ...]]:
     """What ``==`` compares on an instance of the dataclass ``cls``: the values of its
-    fields with ``compare=True``, in order, as one tuple (built in C).
+    fields with ``compare=True``, in order, as one tuple (built in C); their hashes are
+    of the same tuple.
 
     For the classes that define ``__eq__`` themselves instead of leaving it to
     ``@dataclass`` (``RendezvousState`` here, ``spec.machine.Local``,
@@ -169,19 +170,7 @@ class RendezvousState:
         # the same states many times).
         cached: int | None = self.__dict__.get("_hash")
         if cached is None:
-            cached = hash(
-                (
-                    self.round,
-                    self.complete,
-                    self.closed,
-                    self.deadline,
-                    self.participants,
-                    self.wait_list,
-                    self.redundancy_list,
-                    self.last_heartbeats,
-                    self.epoch,
-                )
-            )
+            cached = hash(_state_values(self))
             object.__setattr__(self, "_hash", cached)
         return cached
 
