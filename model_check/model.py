@@ -946,17 +946,31 @@ class _Run:
                 return
 
     def on_reopen(self, slot: int, closed: RendezvousState) -> None:
-        """A new job reopens the closed run: no member of the closed job may still be
-        training there (it was listed, so the run was not vacant, unless it was pruned
-        as dead while alive)."""
+        """A new job reopens the closed run: no live node of the closed job may still be
+        listed in it (a participant, waiter or standby the closed state still counts).
+
+        A live node of the closed job that is no longer listed holds a round that has
+        already ended: its round was superseded and the round after it filled without
+        it (it was dropped from the wait list then). It trains with nobody, and it mixes
+        with nobody: the new job's rounds carry later round numbers, so new bootstrap
+        keys, and its next poll or join reads the new epoch (``later_job``). A node of
+        the closed job that does return into the new job is caught at its return (the
+        second clause, in ``on_return``). A listed live node cannot be in a vacant run,
+        unless it was pruned as dead while alive (``live_node_evicted``) or the reopen
+        row ignores the list (``planted-reopen-under-members``)."""
         p = self.procs[slot]
         self.note(f"{p.ident}: reopens the run for a new job (epoch {closed.epoch + 1})")
         for other in self.procs:
-            if other.pc in BEATING_PCS and other.local.job == closed.epoch:
+            if (
+                other.pc in BEATING_PCS
+                and other.local.job == closed.epoch
+                and closed.is_listed(other.ident)
+            ):
                 self.violate(
                     JOBS_NEVER_MIX,
                     f"{p.ident} reopened the closed run for a new job while {other.ident}, a "
-                    f"member of the closed job, is still {other.pc.name.lower()}",
+                    f"member of the closed job still listed there, is still "
+                    f"{other.pc.name.lower()}",
                 )
                 return
 

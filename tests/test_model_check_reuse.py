@@ -3,7 +3,7 @@ same run id (``ModelConfig.next_job``, ``--next-job K``) call next_rendezvous on
 shutdown was called, while the closed job's agents shut down, train or rejoin.
 
 ``jobs_never_mix`` fails when a newcomer reopens the closed run while a member of the
-closed job still trains there, or when a node of one job returns a round of another.
+closed job is still listed there, or when a node of one job returns a round of another.
 ``hardened`` holds; the two planted variants below each lose one of the rows that make it
 hold, and the checker finds each (the real-process tests are tests/test_run_reuse.py and
 the torchrun ones in tests/test_torchrun.py).
@@ -33,7 +33,7 @@ def _run(protocol: str, **extra: Any) -> Result:
 def test_reopening_under_a_training_member_is_found() -> None:
     r = _run("planted-reopen-under-members")
     assert r.violation is not None and r.violation.name == JOBS_NEVER_MIX
-    assert "a member of the closed job" in r.violation.message
+    assert "a member of the closed job still listed there" in r.violation.message
     kinds = [m.kind for m in r.path]
     assert "shutdown" in kinds and kinds.count("start") == 3
     assert len(kinds) <= 10

@@ -154,3 +154,32 @@ def test_a_node_of_the_closed_job_never_joins_the_new_one(
     # b calls again (say, its agent retries): its job is over, the new one is not its.
     with pytest.raises(RendezvousClosedError, match="reopened"):
         b.next_rendezvous()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_new_job_reopens_beside_a_stray_member_of_the_closed_job(
+    store_url: str, handlers: Callable[..., DynamicRendezvousHandler], protocol: str
+) -> None:
+    # The model checker's run at N = 4 (docs/findings.md, "Re-run on 2026-12-07"), on a
+    # real store: b returned round r, a's workers failed, and a formed the next round
+    # with c while b's agent did not poll. b is alive (its keep-alive thread runs) but
+    # listed nowhere: its round ended and the next one filled without it.
+    a, b = (handlers(store_url, n, protocol, cache_duration=0) for n in ("a", "b"))
+    (stray_round,) = {i.round for i in _rendezvous(a, b)}
+    c = handlers(store_url, "c", protocol, cache_duration=0)
+    later = _one_round(_rendezvous(a, c))
+    assert later > stray_round
+    c.shutdown()  # the job ends: c closes the run and leaves it; a leaves at shutdown
+    a.shutdown()
+    # A new job under the same run id reopens the run although b still beats: nobody of
+    # the closed job is listed, and its rounds are later ones, with new bootstrap keys.
+    d, e = (handlers(store_url, n, protocol) for n in ("d", "e"))
+    new_round = _one_round(_rendezvous(d, e))
+    assert new_round > later
+    # b's agent polls: the run is open (for the new job) and b is told to re-rendezvous
+    # (it counts itself: it is listed nowhere), and its next call fails: it never joins
+    # the new job.
+    assert b.num_nodes_waiting() > 0
+    with pytest.raises(RendezvousClosedError):
+        b.next_rendezvous()
+    assert not d.is_closed() and d.num_nodes_waiting() == 0
