@@ -38,6 +38,7 @@ import spec
 from model_check.world import (
     BEAT_MODULUS,
     BEATING_PCS,
+    CLOSED_JOB_REPORTED,
     COMPLETE_ROUND_NOT_EMPTY,
     COUNT_REFLECTS_ROUND,
     DEAD_MEMBER_UNREPORTED,
@@ -894,8 +895,9 @@ class _Run:
                 return None
             view = p.control.view
             count = self.count(p)
-            self.on_poll(slot, count)
-            if view.closed:
+            closed = spec.closed_for(p.control)
+            self.on_poll(slot, count, closed)
+            if closed:
                 self.set(slot, pc=Pc.ENDED, outcome="saw the rendezvous closed")
                 return None
             if count and view.round + 1 < self.cfg.max_rounds:
@@ -1069,10 +1071,18 @@ class _Run:
         view = p.control.view if view is None else view
         return spec.nodes_waiting(view, p.ident, joined, self.cfg.variant)
 
-    def on_poll(self, slot: int, count: int) -> None:
+    def on_poll(self, slot: int, count: int, closed: bool) -> None:
         p = self.procs[slot]
         view = p.control.view
         mine = p.returned
+        job = p.local.job
+        if not closed and job is not None and view.epoch > job:
+            self.violate(
+                CLOSED_JOB_REPORTED,
+                f"{p.ident}, a node of job {job}, polls a view of job {view.epoch} (its own "
+                f"job closed the run and a new job reopened it: {_describe(view)}), yet "
+                "is_closed() answers False, although its next next_rendezvous fails closed",
+            )
         if (
             mine is not None
             and not count

@@ -410,6 +410,7 @@ COUNT_REFLECTS_ROUND = "count_reflects_round"
 ROUND_END_REPORTED = "round_end_reported"
 RESTART_HAS_CAUSE = "restart_has_cause"
 JOBS_NEVER_MIX = "jobs_never_mix"
+CLOSED_JOB_REPORTED = "closed_job_reported"
 REQUESTS_SERVED = "requests_served_as_sent"
 MODEL_PROPERTIES = (
     REQUESTS_SERVED,
@@ -418,6 +419,7 @@ MODEL_PROPERTIES = (
     RESTART_HAS_CAUSE,
     ROUND_END_REPORTED,
     JOBS_NEVER_MIX,
+    CLOSED_JOB_REPORTED,
     RETURN_IS_MEMBER,
     WORLD_SIZE_IN_RANGE,
     RANK_IN_RANGE,

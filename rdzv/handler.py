@@ -98,6 +98,7 @@ from spec.machine import (
     CORRUPT_ANNOUNCEMENTS,
     Config,
     Fail,
+    closed_for,
     keep_alive_due,
     nodes_waiting,
     start_event,
@@ -697,7 +698,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._stop_heartbeats()
 
     def is_closed(self) -> bool:
-        return self._control_op(Op.QUERY).closed
+        """Whether this node's rendezvous is closed: the state is, or a new job under the
+        run id has reopened it since this node's job closed it
+        (:func:`spec.machine.closed_for`): its next ``next_rendezvous`` fails closed."""
+        self._control_op(Op.QUERY)
+        return closed_for(self._control.local)
 
     def set_closed(self) -> None:
         self._control_op(Op.CLOSE)

@@ -526,6 +526,17 @@ def nodes_waiting(view: RendezvousState, node: NodeId, joined: int | None, varia
     return count if holds else count + 1
 
 
+def closed_for(local: Local) -> bool:
+    """What ``is_closed()`` answers from ``local`` (a node's machine state after a
+    query): its view is closed, or it is of a later epoch than the node's job. The second
+    case is a node of a closed job that a new job under the run id has reopened since:
+    the run is open, but not for this node, whose next ``next_rendezvous`` fails closed
+    (join row ``later_job``). A newcomer waiting at the closed run it is about to reopen
+    (its job is one epoch up) is told the run is closed, as torch would tell it."""
+    view = local.view
+    return view.closed or (local.job is not None and view.epoch > local.job)
+
+
 def known_of(local: Local) -> Known | None:
     """What ``local`` knows of the stored state, to hand to the node's other machine
     state (:attr:`StartOp.known`): its view, unless it holds changes not yet written

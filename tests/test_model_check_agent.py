@@ -29,6 +29,7 @@ from model_check.model import apply, describe_proc, enabled
 from model_check.options import _parser, build_config
 from model_check.planted import PLANTED
 from model_check.world import (
+    CLOSED_JOB_REPORTED,
     COUNT_REFLECTS_ROUND,
     JOBS_NEVER_MIX,
     RESTART_HAS_CAUSE,
@@ -213,6 +214,31 @@ def test_a_reopen_beside_a_stray_member_of_the_closed_job_is_no_mix(
     assert not out.violations
     assert out.world.procs[1].pc is Pc.ENDED
     assert "saw the rendezvous closed" in describe_proc(out.world.procs[1])
+
+
+CLOSED_TRACE = Path(__file__).parent / "traces" / "hardened_n4_closed_job_reported.json"
+"""Found by the same search with ``closed_job_reported`` and the old answer (the view's
+closed flag alone), after 254,322 distinct worlds: the stray polls the reopened run."""
+
+
+def test_the_stray_member_is_told_its_run_is_closed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--replay", str(CLOSED_TRACE), "--json", "--quiet"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["reproduced"] is False and doc["expected"] == CLOSED_JOB_REPORTED
+    argv, name, moves = load_trace(CLOSED_TRACE)
+    assert name == CLOSED_JOB_REPORTED and len(moves) == 23 and moves[-1] == Move("poll", 1)
+    cfg, _ = build_config(_parser().parse_args(argv), replaying=True)
+    steps, world = replay(cfg, moves)
+    before = steps[-2][1].world.procs[1]
+    # The poll's view is the new job's open run, one epoch after the stray's job ...
+    view = world.procs[1].control.view
+    assert before.local.job == 0 and view.epoch == 1 and not view.closed
+    # ... and is_closed() is True there, so the agent ends instead of rejoining.
+    assert spec.closed_for(world.procs[1].control)
+    assert world.procs[1].pc is Pc.ENDED
+    assert "saw the rendezvous closed" in describe_proc(world.procs[1])
 
 
 def test_the_stray_member_run_needs_an_agent_that_skips_its_polls(

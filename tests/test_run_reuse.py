@@ -176,9 +176,10 @@ def test_a_new_job_reopens_beside_a_stray_member_of_the_closed_job(
     d, e = (handlers(store_url, n, protocol) for n in ("d", "e"))
     new_round = _one_round(_rendezvous(d, e))
     assert new_round > later
-    # b's agent polls: the run is open (for the new job) and b is told to re-rendezvous
-    # (it counts itself: it is listed nowhere), and its next call fails: it never joins
-    # the new job.
+    # b's agent polls: its job is closed (the run is open, but for the new job), and b is
+    # told to re-rendezvous (it counts itself: it is listed nowhere); its next call fails
+    # closed: it never joins the new job. The new job's nodes see their run open.
+    assert b.is_closed()
     assert b.num_nodes_waiting() > 0
     with pytest.raises(RendezvousClosedError):
         b.next_rendezvous()

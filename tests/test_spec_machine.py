@@ -33,6 +33,7 @@ from spec.machine import (
     Step,
     Wait,
     WokeUp,
+    closed_for,
     context,
     evolve,
     known_of,
@@ -831,6 +832,28 @@ def test_a_node_on_the_wait_list_or_between_calls_is_not_counted_twice() -> None
     assert (
         nodes_waiting(RendezvousState.build(round=4, participants={A: 0}), ME, None, HARDENED) == 0
     )
+
+
+# -- is_closed(): closed for this node's job ------------------------------------------------
+@pytest.mark.parametrize(
+    ("view", "job", "closed"),
+    [
+        # the run this node's job uses, open, then closed
+        (RendezvousState.build(round=3, epoch=1), 1, False),
+        (RendezvousState.build(round=3, closed=True, epoch=1), 1, True),
+        # a new job reopened the run after this node's job (epoch 1) closed it: open, but
+        # not for this node, whose next join fails closed (later_job)
+        (RendezvousState.build(round=5, participants={A: 0}, epoch=2), 1, True),
+        # a newcomer (its job one epoch up) at the closed run: closed, as torch says
+        (RendezvousState.build(round=3, closed=True, epoch=1), 2, True),
+        # a node that has not read the run yet: the view alone
+        (RendezvousState.build(round=5, epoch=2), None, False),
+    ],
+)
+def test_is_closed_answers_for_the_nodes_own_job(
+    view: RendezvousState, job: int | None, closed: bool
+) -> None:
+    assert closed_for(Local(ME, view=view, job=job)) is closed
 
 
 # -- StartOp.sightings: a query borrows what its node has seen ------------------------------
