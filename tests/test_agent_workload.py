@@ -6,7 +6,9 @@ etcd, brings about one failure found from outside, and checks the answers the ag
 and the rounds they formed. Every one of them failed on the code before its fix (see
 docs/findings.md, findings 6 to 8), and the model checker finds each first
 (``tests/test_model_check_agent.py``); the one exception is failure 6 (a close not seen),
-which was never reproduced, and whose test checks the behaviour the checker proves.
+which was never reproduced as reported, and whose first test checks the behaviour the
+checker proves; its second test is a route to the same symptom that the reopen rows
+opened later, which the checker found first (``closed_job_reported``).
 
 No timing assertion: the tests wait on events in the agents' logs and in the stored
 state, with generous bounds. Where a test says nothing more must happen (no restart
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agents import Agents, agents, answers_agree
+from agents import EVENT_WAIT_S, Agents, agents, answers_agree
 from servers import EtcdServer, RedisServer
 from test_stores import opened_store
 
@@ -276,6 +278,66 @@ def test_a_node_killed_while_waiting_does_not_keep_the_members_restarting(
         )
         _quiet(group, watcher)
         assert not answers_agree(group)
+
+
+@pytest.mark.parametrize("protocol", ["hardened", "scale"])
+def test_members_paused_across_a_reopen_by_a_new_job_see_their_run_closed(
+    store_url: tuple[str, str], tmp_path: Path, protocol: str
+) -> None:
+    """Failure 6's symptom by a route the reopen rows opened (docs/findings.md, "Re-run on
+    2026-12-07"): member 0 closes the run, both members are paused by SIGSTOP past their
+    heartbeat expiry, and a node started after the close (a newcomer, of the next job
+    under the run id) prunes them and reopens the run. Resumed, each member's
+    ``is_closed()`` must answer True: its job is closed, and its next ``next_rendezvous``
+    would fail closed. On the code before ``spec.closed_for`` they answered False for as
+    long as they ran. The agents poll ``is_closed()`` only (no restart on a count), as a
+    user's loop around the handler would."""
+    url, run_id = store_url
+    watcher = Watcher(url, run_id)
+    config = {**TIMINGS, "keep_alive_max_attempt": "2", "cache_duration": "0"}
+    config |= {"last_call_timeout": "1", "protocol": protocol}
+    with agents(
+        tmp_path / "a",
+        url,
+        2,
+        2,
+        handler_config=config,
+        run_id=run_id,
+        poll_closed=True,
+        restart_on_waiting=False,
+    ) as group:
+        for i in range(2):
+            group.start(i)
+        state = watcher.until(
+            group, "a round of two", lambda s: s.complete and s.num_participants == 2
+        )
+        group.wait_until(
+            "every member returned it",
+            lambda: all(any(e["round"] == state.round for e in group.returns(i)) for i in range(2)),
+        )
+        group.command(0, "close")
+        group.wait_for(0, "set_closed")
+        for i in (0, 1):
+            group.pause(i)
+        # Its first read finds the run closed: a node of the next job. It waits for a
+        # second one in the reopened run for longer than this test's waits.
+        group.start(2, handler_config={**config, "join_timeout": str(3 * EVENT_WAIT_S)})
+        reopened = watcher.until(group, "the run reopened by the new job", lambda s: s.epoch > 0)
+        members = {group.wait_for(i, "start")["node"] for i in (0, 1)}
+        assert not reopened.closed and not {str(n) for n in reopened.listed_nodes()} & members
+        seen = time.time()
+        for i in (0, 1):
+            group.resume(i)
+        for i in (0, 1):
+            group.wait_for(i, "is_closed", closed=True)
+        stale = [
+            (i, e)
+            for i in (0, 1)
+            for e in group.events(i)
+            if e["ev"] == "is_closed" and e["asked"] > seen and not e["closed"]
+        ]
+        assert not stale, f"is_closed() after the reopen answered False: {stale}"
+        assert not watcher.state().closed  # the new job's run stays open
 
 
 @pytest.mark.parametrize("protocol", ["hardened", "scale"])
