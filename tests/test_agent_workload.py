@@ -85,6 +85,31 @@ class Watcher:
         return group.until_state(what, self.state, test)
 
 
+def _round_of(group: Agents, watcher: Watcher, n: int, what: str) -> None:
+    """Wait for a stored complete round of ``n`` participants, then until agents 0 to
+    n - 1 have each returned it (``what`` names that wait)."""
+    state = watcher.until(
+        group, f"a round of {n}", lambda s: s.complete and s.num_participants == n
+    )
+    group.wait_until(
+        what,
+        lambda: all(any(e["round"] == state.round for e in group.returns(i)) for i in range(n)),
+    )
+
+
+def _open_answers_after(
+    group: Agents, indexes: tuple[int, ...], t: float
+) -> list[tuple[int, dict[str, Any]]]:
+    """The ``is_closed()`` answers False that agents ``indexes`` got to a call asked after
+    ``t`` (wall seconds)."""
+    return [
+        (i, e)
+        for i in indexes
+        for e in group.events(i)
+        if e["ev"] == "is_closed" and e["asked"] > t and not e["closed"]
+    ]
+
+
 def _rounds(group: Agents) -> set[int]:
     return {e["round"] for i in group.procs for e in group.returns(i)}
 
@@ -229,13 +254,7 @@ def test_a_count_right_after_a_scale_up_counts_the_new_round(
         group.start(1)
         group.wait_until("a round of two", lambda: all(group.returns(i) for i in (0, 1)))
         group.start(2)
-        state = watcher.until(
-            group, "a round of three", lambda s: s.complete and s.num_participants == 3
-        )
-        group.wait_until(
-            "all three returned it",
-            lambda: all(any(e["round"] == state.round for e in group.returns(i)) for i in range(3)),
-        )
+        _round_of(group, watcher, 3, "all three returned it")
         _quiet(group, watcher)
         assert not answers_agree(group)
 
@@ -308,13 +327,7 @@ def test_members_paused_across_a_reopen_by_a_new_job_see_their_run_closed(
     ) as group:
         for i in range(2):
             group.start(i)
-        state = watcher.until(
-            group, "a round of two", lambda s: s.complete and s.num_participants == 2
-        )
-        group.wait_until(
-            "every member returned it",
-            lambda: all(any(e["round"] == state.round for e in group.returns(i)) for i in range(2)),
-        )
+        _round_of(group, watcher, 2, "every member returned it")
         group.command(0, "close")
         group.wait_for(0, "set_closed")
         for i in (0, 1):
@@ -330,12 +343,7 @@ def test_members_paused_across_a_reopen_by_a_new_job_see_their_run_closed(
             group.resume(i)
         for i in (0, 1):
             group.wait_for(i, "is_closed", closed=True)
-        stale = [
-            (i, e)
-            for i in (0, 1)
-            for e in group.events(i)
-            if e["ev"] == "is_closed" and e["asked"] > seen and not e["closed"]
-        ]
+        stale = _open_answers_after(group, (0, 1), seen)
         assert not stale, f"is_closed() after the reopen answered False: {stale}"
         assert not watcher.state().closed  # the new job's run stays open
 
@@ -357,13 +365,7 @@ def test_every_member_sees_the_close_at_its_first_poll_after_it(
     ) as group:
         for i in range(3):
             group.start(i)
-        state = watcher.until(
-            group, "a round of three", lambda s: s.complete and s.num_participants == 3
-        )
-        group.wait_until(
-            "every member returned it",
-            lambda: all(any(e["round"] == state.round for e in group.returns(i)) for i in range(3)),
-        )
+        _round_of(group, watcher, 3, "every member returned it")
         for i in (1, 2):
             group.wait_for(i, "is_closed", closed=False)
         group.pause(1)
@@ -375,11 +377,6 @@ def test_every_member_sees_the_close_at_its_first_poll_after_it(
         group.resume(2)
         for i in (1, 2):
             group.wait_for(i, "is_closed", closed=True)
-        late = [
-            (i, e)
-            for i in (1, 2)
-            for e in group.events(i)
-            if e["ev"] == "is_closed" and e["asked"] > done["t"] and not e["closed"]
-        ]
+        late = _open_answers_after(group, (1, 2), done["t"])
         assert not late, f"is_closed() asked after set_closed() returned answered False: {late}"
         assert watcher.state().closed
