@@ -55,6 +55,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from functools import partial
 
+import spec
 from model_check.world import (
     BEATING_PCS,
     CACHE_LIMIT,
@@ -66,6 +67,7 @@ from model_check.world import (
     Proc,
     World,
     decode_cached,
+    store_image,
 )
 from spec import Local, NodeId, Phase, RendezvousState
 
@@ -162,9 +164,7 @@ def relevant_view(p: Proc, world: World, cfg: ModelConfig, lane: Lane = Lane.MAI
     # A dirty view is written back with its token before anything else reads it; with a
     # stale token that compare-and-set fails (a fault only fails it sooner), and the
     # answer, or the next read, replaces the view.
-    written = local.dirty and (
-        local.token == (None if world.store is None else 1) or cfg.cas_ignores_token
-    )
+    written = local.dirty and (spec.lands(store_image(world), local.token) or cfg.cas_ignores_token)
     if local.phase in (Phase.WAITING, Phase.WRITING):
         return written
     # Between calls (a member, or one whose shutdown runs on the control machine state)

@@ -24,9 +24,13 @@ threshold, wakes every waiting node (waking early is allowed by the machine's co
 and fires the heartbeat timer of every idle member. Values that only become more expired
 are capped, so the set of worlds is finite and exploration needs no horizon.
 
-Store tokens are abstracted too: the register's token is ``1`` once written (``None``
-while absent) and a node holds ``1`` (current) or ``0`` (stale). A successful write turns
-every current token stale, so equality with the register is exactly preserved.
+The store's semantics are spec's: every request is served by :func:`spec.serve` on the
+world's store (:meth:`_Run.image`), the definition the real stores are held to by the
+conformance suite. Store tokens are abstracted: the register's token is ``1`` once
+written (``None`` while absent; :func:`~model_check.world.version_token`) and a node
+holds ``1`` (current) or ``0`` (stale). A successful write turns every current token
+stale, so equality with the register is exactly preserved (a version, where real
+stores' tokens are the bytes: see docs/model_checker.md, "Store semantics").
 """
 
 from __future__ import annotations
@@ -81,17 +85,16 @@ from model_check.world import (
     decode_cached,
     encode_cached,
     evolve_proc,
+    store_image,
     store_state,
+    store_token,
+    version_token,
 )
 from spec import (
     EMPTY_STATE,
     Action,
     Announce,
-    Announced,
-    AnnouncedMembers,
     Beat,
-    Beaten,
-    BeatValues,
     CasResult,
     CompareAndSet,
     Done,
@@ -106,13 +109,11 @@ from spec import (
     Read,
     ReadAnnounced,
     ReadBeats,
-    ReadResult,
     RendezvousState,
     Settings,
     StartOp,
     Wait,
     Withdraw,
-    Withdrawn,
     WokeUp,
 )
 
@@ -143,8 +144,6 @@ def initial_world(cfg: ModelConfig) -> World:
 
 
 # -- enabled moves ---------------------------------------------------------------------------
-def _store_token(world: World) -> int | None:
-    return None if world.store is None else 1
 
 
 _IO_PHASES = frozenset(
@@ -164,7 +163,7 @@ def _lane_can_progress(world: World, local: Local) -> bool:
     phase = local.phase
     if phase in _IO_PHASES:
         return True
-    return phase is Phase.WAITING and local.token != _store_token(world)
+    return phase is Phase.WAITING and spec.wait_ends(store_image(world), local.token)
 
 
 def _can_progress(world: World, p: Proc) -> bool:
@@ -691,54 +690,47 @@ class _Run:
                 f"implies {served!r}: the checker would serve a request the node never sent",
             )
 
-    def serve_io(self, slot: int, lane: Lane = Lane.MAIN) -> None:
+    def image(self) -> spec.StoreImage:
+        """The simulated store as spec's definition sees it (:mod:`spec.storage`)."""
+        return spec.StoreImage(self.store, store_token(self.store), self.announced, self.beats)
+
+    def serve(
+        self, slot: int, request: spec.ServedRequest, lane: Lane = Lane.MAIN
+    ) -> spec.ServedEvent:
+        """Serve ``request`` of process ``slot`` by :func:`spec.serve`, the one
+        definition of the store's semantics, and record what changed (a landed write goes
+        through :meth:`write`, which checks it); returns the answering event."""
         p = self.procs[slot]
-        request = self.pending(slot, lane)
-        now = self.now(p)
-        if isinstance(request, Read):
-            token = None if self.store is None else 1
-            self.feed(slot, ReadResult(self.store, token, now), lane)
-            return
-        if isinstance(request, Announce):
-            entry = (request.round, spec.decode_node(request.member))
-            if entry not in self.announced:
-                self.announced = tuple(sorted((*self.announced, entry)))
-                self.note(f"announcements <- {entry[1]} in round {request.round}")
-                self.writes.append((f"announcements/{request.round}", "add", str(entry[1])))
-            size = sum(1 for r, _ in self.announced if r == request.round)
-            self.feed(slot, Announced(size, now), lane)
-            return
+        if isinstance(request, CompareAndSet) and self.cfg.cas_ignores_token:
+            # A planted store bug: the write lands whatever its token.
+            request = replace(request, token=self.image().token)
+        after, event = spec.serve(self.image(), p.ident, request, self.now(p), version_token)
+        if isinstance(request, CompareAndSet):
+            assert isinstance(event, CasResult)
+            if event.has_set:
+                self.write(slot, request.data, lane)
+            return event
+        if after.announced != self.announced:
+            gone = set(self.announced) - set(after.announced)
+            for round_, node in sorted(set(after.announced) ^ set(self.announced)):
+                if (round_, node) in gone:
+                    self.note(f"announcements -> {node} out of round {round_}")
+                    self.writes.append((f"announcements/{round_}", "remove", str(node)))
+                else:
+                    self.note(f"announcements <- {node} in round {round_}")
+                    self.writes.append((f"announcements/{round_}", "add", str(node)))
+            self.announced = after.announced
         if isinstance(request, Beat):
-            others = tuple(entry for entry in self.beats if entry[0] != p.ident)
-            self.beats = tuple(sorted((*others, (p.ident, request.value))))
+            self.beats = after.beats
             self.writes.append((f"heartbeat/{p.ident}", "set", request.value.decode("ascii")))
             if not p.beating:
                 self.procs[slot] = evolve_proc(p, beating=True)
-            self.feed(slot, Beaten(now), lane)
-            return
-        if isinstance(request, ReadBeats):
-            table = dict(self.beats)
-            self.feed(slot, BeatValues(tuple(table.get(n) for n in request.nodes), now), lane)
-            return
-        if isinstance(request, ReadAnnounced):
-            members = tuple(spec.encode_node(n) for r, n in self.announced if r == request.round)
-            self.feed(slot, AnnouncedMembers(members, now), lane)
-            return
-        if isinstance(request, Withdraw):
-            entry = (request.round, spec.decode_node(request.member))
-            if entry in self.announced:
-                self.announced = tuple(e for e in self.announced if e != entry)
-                self.note(f"announcements -> {entry[1]} out of round {request.round}")
-                self.writes.append((f"announcements/{request.round}", "remove", str(entry[1])))
-            self.feed(slot, Withdrawn(now), lane)
-            return
-        assert isinstance(request, CompareAndSet), f"a wait is served by ticks: {request!r}"
-        current = None if self.store is None else 1
-        ok = request.token == current or self.cfg.cas_ignores_token
-        if ok:
-            self.write(slot, request.data, lane)
-        token = None if self.store is None else 1
-        self.feed(slot, CasResult(self.store, token, ok, now), lane)
+        return event
+
+    def serve_io(self, slot: int, lane: Lane = Lane.MAIN) -> None:
+        request = self.pending(slot, lane)
+        assert not isinstance(request, Wait), f"a wait is served by ticks: {request!r}"
+        self.feed(slot, self.serve(slot, request, lane), lane)
 
     def write(self, slot: int, data: bytes, lane: Lane = Lane.MAIN) -> None:
         before = EMPTY_STATE if self.store is None else decode_cached(self.store)
@@ -801,7 +793,7 @@ class _Run:
                 self.check_request(slot, lane, request)
             if isinstance(request, Read) and self.fuse_reads:
                 # Macro-step: a read is fused with the local work that issued it.
-                event = ReadResult(self.store, None if self.store is None else 1, self.now(p))
+                event = self.serve(slot, request, lane)
                 continue
             if isinstance(request, STORE_REQUESTS):
                 return
@@ -1438,11 +1430,11 @@ def apply(
     elif kind in ("cas_unknown_applied", "cas_unknown_lost"):
         run.used[3] += 1
         p = run.procs[slot]
-        local = run.lane(slot, lane)
         if kind == "cas_unknown_applied":
-            current = None if run.store is None else 1
-            if local.token == current or cfg.cas_ignores_token:
-                run.write(slot, encode_cached(local.view, cfg.variant.name), lane)
+            # The write lands as spec.storage says it would; its answer is lost.
+            request = run.pending(slot, lane)
+            assert isinstance(request, CompareAndSet), request
+            run.serve(slot, request, lane)
         else:
             # The write was lost: this node's heartbeat may now go stale through an injected
             # fault, so its expiry is no longer a live node wrongly evicted.

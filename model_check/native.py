@@ -45,6 +45,7 @@ COMPILED = (
     "spec/machine.py",
     "spec/invariants.py",
     "spec/wire.py",
+    "spec/storage.py",
     "model_check/world.py",
     "model_check/model.py",
     "model_check/canon.py",

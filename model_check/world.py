@@ -350,6 +350,20 @@ def evolve_proc(p: Proc, **changes: object) -> Proc:
     return new
 
 
+def version_token(data: bytes) -> int:
+    """The checker's token of a newly written state: ``1``. A node holds ``1`` (current)
+    or ``0`` (stale): every successful write turns every token held elsewhere stale, so
+    equality with the register is exactly preserved. Real stores' tokens are the bytes
+    (:func:`spec.value_token`); docs/model_checker.md ("Store semantics") compares the
+    two."""
+    return 1
+
+
+def store_token(store: bytes | None) -> int | None:
+    """The token of the checker's register holding ``store`` (None while absent)."""
+    return None if store is None else version_token(store)
+
+
 @dataclass(frozen=True, slots=True)
 class World:
     store: bytes | None
@@ -526,3 +540,9 @@ class IdentityCache(Generic[V]):
 
 def store_state(world: World) -> RendezvousState:
     return EMPTY_STATE if world.store is None else decode_cached(world.store)
+
+
+def store_image(world: World) -> spec.StoreImage:
+    """``world``'s simulated store as spec's definition of stores sees it
+    (:mod:`spec.storage`)."""
+    return spec.StoreImage(world.store, store_token(world.store), world.announced, world.beats)

@@ -20,7 +20,7 @@ import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
-from typing import Any, TypeVar
+from typing import Any
 
 from rdzv import events
 from rdzv.backend import RendezvousBackend
@@ -64,6 +64,7 @@ from spec.machine import (
     step,
 )
 from spec.state import EMPTY_STATE, Millis, NodeId, RendezvousState
+from spec.storage import SERVED_REQUESTS, ServedEvent, ServedRequest
 from spec.variants import LOCAL
 from spec.vocabulary import FailKind, Op
 
@@ -82,14 +83,12 @@ __all__ = [
     "OperationFailed",
     "invariant_checks_on",
     "max_slices",
+    "serve_on",
     "wait_slice",
 ]
 
 logger = logging.getLogger("rdzv.handler")
 """The handler's logger: the narration is part of the handler's output."""
-
-T = TypeVar("T")
-
 
 MAX_WAIT_SLICE = 1.0
 """Seconds: the longest single blocking wait for a state change before the clock is
@@ -469,6 +468,56 @@ class NodeJob:
                 self._job = job
 
 
+_SERVED: dict[type, tuple[str, str]] = {
+    Read: ("reads", "reading the state"),
+    CompareAndSet: ("cas_attempts", "writing the state"),
+    Announce: ("announces", "announcing this node"),
+    ReadAnnounced: ("announced_reads", "reading the announcement set"),
+    Withdraw: ("withdrawals", "taking this node's announcement back"),
+    Beat: ("beats", "writing this node's heartbeat key"),
+    ReadBeats: ("beat_reads", "reading watched heartbeat keys"),
+}
+"""Per request :func:`serve_on` carries out: its :class:`IoStats` counter, and what a
+failure message says was being done."""
+
+
+def serve_on(
+    backend: RendezvousBackend, node: NodeId, request: ServedRequest, now: Callable[[], Now]
+) -> ServedEvent:
+    """Carry out ``request`` of ``node`` on a real store (through ``backend``) and return
+    the event answering it, its clocks read by ``now`` once the store answered.
+
+    This is the one adapter between the machine's requests and real stores: what it
+    must answer is :func:`spec.storage.serve`'s definition, the one the model checker
+    serves its simulated nodes by, and the store conformance suite
+    (:func:`rdzv.testing.check_store`) drives this function beside that one on every
+    store. Errors propagate (the caller answers them with ``IoFailed``); a lost
+    compare-and-set is answered with the state the store holds instead."""
+    if isinstance(request, Read):
+        current = backend.get_state()
+        data, token = (None, None) if current is None else current
+        return ReadResult(data, token, now())
+    if isinstance(request, CompareAndSet):
+        result = backend.set_state(request.data, request.token)
+        if result is None:
+            return CasResult(None, None, False, now())
+        stored, stored_token, has_set = result
+        return CasResult(stored, stored_token, has_set, now())
+    if isinstance(request, Announce):
+        return Announced(backend.announce(request.round, request.member), now())
+    if isinstance(request, ReadAnnounced):
+        return AnnouncedMembers(tuple(backend.announced(request.round)), now())
+    if isinstance(request, Withdraw):
+        backend.withdraw(request.round, request.member)
+        return Withdrawn(now())
+    if isinstance(request, Beat):
+        backend.beat(str(node), request.value)
+        return Beaten(now())
+    if isinstance(request, ReadBeats):
+        return BeatValues(tuple(backend.beats([str(n) for n in request.nodes])), now())
+    raise TypeError(f"{request!r} is not a store request")
+
+
 class NodeDriver:
     """Carries out one node's machine requests on a backend with a clock.
 
@@ -599,33 +648,32 @@ class NodeDriver:
         request = self.request
         if self._conflict is not None:
             return self._after_conflict(block)
-        if isinstance(request, Read):
+        if isinstance(request, Read | CompareAndSet | Wait):
             self._check_key(request.key)
-            self._read()
-            return True
-        if isinstance(request, CompareAndSet):
-            self._check_key(request.key)
-            self._write(request)
-            return True
         if isinstance(request, Wait):
-            self._check_key(request.key)
             return self._wait(request, block)
-        if isinstance(request, Announce):
-            self._announce(request)
+        if not isinstance(request, SERVED_REQUESTS):
+            return False
+        counter, what = _SERVED[type(request)]
+        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
+        try:
+            event = serve_on(self.backend, self.local.node, request, lambda: now_of(self.clock))
+        except BaseException as exc:
+            self._io_failed(exc, what)
+            if not isinstance(exc, Exception):
+                raise
             return True
-        if isinstance(request, ReadAnnounced):
-            self._read_announced(request)
-            return True
-        if isinstance(request, Withdraw):
-            self._withdraw(request)
-            return True
-        if isinstance(request, Beat):
-            self._beat(request)
-            return True
-        if isinstance(request, ReadBeats):
-            self._read_beats(request)
-            return True
-        return False
+        if isinstance(event, CasResult):
+            if not event.has_set:
+                # Lost a race: wait a random, bounded while, then decide on a fresh read.
+                self.stats.cas_conflicts += 1
+                self._conflicts += 1
+                window = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** min(self._conflicts - 1, 16))
+                self._conflict = _Conflict(self.clock.monotonic() + self.rng.uniform(0.0, window))
+                return True
+            self._conflicts = 0
+        self._feed(event)
+        return True
 
     def _check_key(self, key: str) -> None:
         if key != self.config.key:
@@ -639,95 +687,6 @@ class NodeDriver:
         reason = f"{what} failed: {type(exc).__name__}: {exc}"
         self._feed(IoFailed(reason, now_of(self.clock)))
 
-    def _read(self) -> None:
-        self.stats.reads += 1
-        try:
-            current = self.backend.get_state()
-        except BaseException as exc:
-            self._io_failed(exc, "reading the state")
-            if not isinstance(exc, Exception):
-                raise
-            return
-        data, token = (None, None) if current is None else current
-        self._feed(ReadResult(data, token, now_of(self.clock)))
-
-    def _side_io(self, what: str, call: Callable[[], T], answer: Callable[[T, Now], Event]) -> None:
-        """Carry out one request outside the state register (announcement sets,
-        heartbeat keys) and feed ``answer(result, now)``, ``now`` taken once the call
-        returned; an error ends the operation like any other I/O error."""
-        try:
-            result = call()
-        except BaseException as exc:
-            self._io_failed(exc, what)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        self._feed(answer(result, now_of(self.clock)))
-
-    def _announce(self, request: Announce) -> None:
-        self.stats.announces += 1
-        self._side_io(
-            "announcing this node",
-            lambda: self.backend.announce(request.round, request.member),
-            Announced,
-        )
-
-    def _read_announced(self, request: ReadAnnounced) -> None:
-        self.stats.announced_reads += 1
-        self._side_io(
-            "reading the announcement set",
-            lambda: tuple(self.backend.announced(request.round)),
-            AnnouncedMembers,
-        )
-
-    def _withdraw(self, request: Withdraw) -> None:
-        self.stats.withdrawals += 1
-        self._side_io(
-            "taking this node's announcement back",
-            lambda: self.backend.withdraw(request.round, request.member),
-            lambda _, now: Withdrawn(now),
-        )
-
-    def _beat(self, request: Beat) -> None:
-        self.stats.beats += 1
-        self._side_io(
-            "writing this node's heartbeat key",
-            lambda: self.backend.beat(str(self.local.node), request.value),
-            lambda _, now: Beaten(now),
-        )
-
-    def _read_beats(self, request: ReadBeats) -> None:
-        self.stats.beat_reads += 1
-        nodes = [str(n) for n in request.nodes]
-        self._side_io(
-            "reading watched heartbeat keys",
-            lambda: tuple(self.backend.beats(nodes)),
-            BeatValues,
-        )
-
-    def _write(self, request: CompareAndSet) -> None:
-        self.stats.cas_attempts += 1
-        try:
-            result = self.backend.set_state(request.data, request.token)
-        except BaseException as exc:
-            self._io_failed(exc, "writing the state")
-            if not isinstance(exc, Exception):
-                raise
-            return
-        if result is None:
-            data, token, has_set = None, None, False
-        else:
-            data, token, has_set = result
-        if has_set:
-            self._conflicts = 0
-            self._feed(CasResult(data, token, True, now_of(self.clock)))
-            return
-        # Lost a race: wait a random, bounded while, then decide on a fresh read.
-        self.stats.cas_conflicts += 1
-        self._conflicts += 1
-        window = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** min(self._conflicts - 1, 16))
-        self._conflict = _Conflict(self.clock.monotonic() + self.rng.uniform(0.0, window))
-
     def _after_conflict(self, block: bool) -> bool:
         assert self._conflict is not None
         remaining = self._conflict.until - self.clock.monotonic()
@@ -738,14 +697,16 @@ class NodeDriver:
         self._conflict = None
         self.stats.reads += 1
         try:
-            current = self.backend.get_state()
+            read = serve_on(
+                self.backend, self.local.node, Read(self.config.key), lambda: now_of(self.clock)
+            )
         except BaseException as exc:
             self._io_failed(exc, "reading the state after a lost write")
             if not isinstance(exc, Exception):
                 raise
             return True
-        data, token = (None, None) if current is None else current
-        self._feed(CasResult(data, token, False, now_of(self.clock)))
+        assert isinstance(read, ReadResult)
+        self._feed(CasResult(read.data, read.token, False, read.now))
         return True
 
     def _wait(self, request: Wait, block: bool) -> bool:

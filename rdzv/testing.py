@@ -59,11 +59,20 @@ from rdzv.conformance.common import (
     expect,
     expect_eq,
 )
-from rdzv.conformance.keys import KEY_PROPERTIES, cas_increment, count_of
-from rdzv.conformance.sets import SET_PROPERTIES
+from rdzv.conformance.keys import KEY_PROPERTIES as _KEY_PROPERTIES
+from rdzv.conformance.keys import cas_increment, count_of
+from rdzv.conformance.requests import KEY_REQUEST_PROPERTIES, SET_REQUEST_PROPERTIES
+from rdzv.conformance.sets import SET_PROPERTIES as _SET_PROPERTIES
 
 StoreFactory = Callable[[], Store]
 
+
+KEY_PROPERTIES = _KEY_PROPERTIES + KEY_REQUEST_PROPERTIES
+"""Every store's properties: the key-value ones, then the machine's register requests
+answering as :mod:`spec.storage` defines (:mod:`rdzv.conformance.requests`)."""
+SET_PROPERTIES = SET_REQUEST_PROPERTIES + _SET_PROPERTIES
+"""A :class:`~rdzv.store.SetStore`'s properties: every machine request answering as
+:mod:`spec.storage` defines, then the member-set ones (single-threaded first)."""
 
 PROPERTY_NAMES: tuple[str, ...] = tuple(name for name, _ in KEY_PROPERTIES + SET_PROPERTIES)
 """The names of :func:`check_store`'s properties, in the order it runs them (the names

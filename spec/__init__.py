@@ -10,6 +10,8 @@ checker (``model_check``) and the real handler (``rdzv``) both interpret what is
 - :mod:`spec.effects`: what each action does to the state, sanitize, the round epilogue;
 - :mod:`spec.variants`: protocol variants as small diffs of tables and effects;
 - :mod:`spec.machine`: the per-node executor loop as a sans-IO state machine;
+- :mod:`spec.storage`: what each store request does (one definition, for the checker's
+  simulated store and the real stores' conformance);
 - :mod:`spec.codec`: canonical versioned bytes for the shared state;
 - :mod:`spec.invariants`: named safety properties.
 """
@@ -96,6 +98,17 @@ from spec.machine import (
 )
 from spec.settings import SECOND, Settings, SettingsError
 from spec.state import EMPTY_STATE, KEEP, Millis, NodeId, RendezvousState
+from spec.storage import (
+    SERVED_REQUESTS,
+    ServedEvent,
+    ServedRequest,
+    StoreImage,
+    lands,
+    same_answer,
+    serve,
+    value_token,
+    wait_ends,
+)
 from spec.tables import Atom, Context, Literal, NoRowMatches, Row, Table, row
 from spec.variants import (
     HARDENED,
@@ -122,6 +135,7 @@ __all__ = [
     "LOCAL",
     "SCALE",
     "SECOND",
+    "SERVED_REQUESTS",
     "STATE_BEATS",
     "STATE_INVARIANTS",
     "STATE_KEY",
@@ -170,6 +184,8 @@ __all__ = [
     "Request",
     "Row",
     "Sanitized",
+    "ServedEvent",
+    "ServedRequest",
     "Settings",
     "SettingsError",
     "Sightings",
@@ -177,6 +193,7 @@ __all__ = [
     "StateInvariant",
     "Step",
     "StepInvariant",
+    "StoreImage",
     "Table",
     "Token",
     "Variant",
@@ -204,6 +221,7 @@ __all__ = [
     "job_after",
     "keep_alive_due",
     "known_of",
+    "lands",
     "newer",
     "next_beat",
     "next_timer",
@@ -212,9 +230,13 @@ __all__ = [
     "prune_ending_broken_rounds",
     "remove_participant_epilogue",
     "row",
+    "same_answer",
     "sanitize",
     "sanitize_ending_broken_rounds",
+    "serve",
     "start_event",
     "step",
+    "value_token",
+    "wait_ends",
     "watched",
 ]

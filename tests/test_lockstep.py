@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from lockstep import Lockstep, LockstepDivergence, leaf_paths
 
+import rdzv.driver
 import rdzv.handler
 import spec
 from model_check.__main__ import _parser, build_config, load_trace, main
 from model_check.model import _shift_state
 from model_check.world import Faults, ModelConfig
+from rdzv.backend import RendezvousBackend
 from spec import RendezvousState
 
 EVERY_FAULT = Faults(crash=1, restart_new=1, restart_same=1, cas_unknown=2, store_down=2)
@@ -155,14 +158,19 @@ def _first_divergence(variant: spec.Variant, seeds: int = 40) -> str:
 def test_a_handler_that_beats_a_constant_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _first_divergence(spec.SCALE) == ""
 
-    def beat(self: rdzv.handler.NodeDriver, request: spec.Beat) -> None:
-        self._side_io(
-            "writing this node's heartbeat key",
-            lambda: self.backend.beat(str(self.local.node), b"0"),
-            lambda _, now: spec.Beaten(now),
-        )
+    serve_on = rdzv.driver.serve_on
 
-    monkeypatch.setattr(rdzv.handler.NodeDriver, "_beat", beat)
+    def beat_zero(
+        backend: RendezvousBackend,
+        node: spec.NodeId,
+        request: spec.ServedRequest,
+        now: Callable[[], spec.Now],
+    ) -> spec.ServedEvent:
+        if isinstance(request, spec.Beat):
+            request = spec.Beat(b"0")
+        return serve_on(backend, node, request, now)
+
+    monkeypatch.setattr(rdzv.driver, "serve_on", beat_zero)
     found = _first_divergence(spec.SCALE)
     assert "heartbeat key holds" in found
     assert "in the model but b'0' in the real store" in found

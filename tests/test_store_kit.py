@@ -248,6 +248,34 @@ class RacyRemoveMember(_FirstCallRaces):
         return size
 
 
+class RefusesRestoredBytes(MemoryStore):
+    """A compare-and-set against a version, not the value: bytes written again after a
+    change (A, B, A) do not make the expected A match. The machine's tokens are the
+    bytes (spec.storage.value_token)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._replaced: set[tuple[str, bytes]] = set()
+
+    def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
+        want = as_bytes(expected)
+        if (key, want) in self._replaced:
+            return self.get(key) if self.check([key]) else want
+        before = self.get(key) if self.check([key]) else None
+        result = super().compare_set(key, expected, desired)
+        if before is not None and result != before:
+            self._replaced.add((key, before))
+        return result
+
+
+class RemoveMemberIgnored(MemoryStore):
+    """remove_member() forgets to remove and reports the size as if it had."""
+
+    def remove_member(self, key: str, member: bytes | str) -> int:
+        size = len(self.members(key))
+        return size - 1 if as_bytes(member) in self.members(key) else size
+
+
 class TorchLike(MemoryWithout):
     """A correct store without member sets, like torch's own stores."""
 
@@ -366,6 +394,16 @@ BROKEN: list[tuple[Callable[[], Store], str, str]] = [
         RemoveUnchecked,
         "member bounds give clear errors",
         "removing a 1025-byte member must raise ValueError, but returned 1",
+    ),
+    (
+        RefusesRestoredBytes,
+        "machine reads and compare-and-sets answer as spec.storage defines",
+        "the model checker assumes the former",
+    ),
+    (
+        RemoveMemberIgnored,
+        "machine requests answer as spec.storage defines",
+        "spec.storage answers AnnouncedMembers",
     ),
     (
         RacyRemoveMember,
