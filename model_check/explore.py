@@ -204,7 +204,7 @@ def explore(
 FAULT_MOVES = frozenset(
     {*FAULT_KINDS, "cas_unknown_applied", "cas_unknown_lost"} - {"cas_unknown"}
     | {CONTROL_MOVES[k] for k in ("cas_unknown_applied", "cas_unknown_lost", "store_down")}
-    | {"fail_worker", "store_outage"}
+    | {"fail_worker", "store_outage", "pause_tick"}
 )
 """Move kinds that inject a fault, or a worker failure (which no call needs to end)."""
 

@@ -225,11 +225,30 @@ def enabled(world: World, cfg: ModelConfig) -> list[Move]:
                 moves.append(Move("restart_same", slot))
     if cfg.store_outage and used["store_down"] < budget.store_down and _outage_hits(world):
         moves.append(Move("store_outage"))
-    if any(p.pc is Pc.NEW and not p.late for p in world.procs):
+    launching = any(p.pc is Pc.NEW and not p.late for p in world.procs)
+    if launching:
         blocked = False  # these agents are launched before time first advances
     if blocked and _time_matters(world) and not _poll_owed(world, cfg):
         moves.append(Move("tick"))
+    elif (
+        not blocked
+        and not launching
+        and used["pause"] < budget.pause
+        and _time_matters(world)
+        and not _poll_owed(world, cfg)
+        and _in_flight(world)
+    ):
+        moves.append(Move("pause_tick"))
     return moves
+
+
+def _lane_in_flight(p: Proc) -> bool:
+    return p.local.phase in _IO_PHASES or p.control.phase in _IO_PHASES
+
+
+def _in_flight(world: World) -> bool:
+    """Whether some live process has a store request in flight (a pause may hold it)."""
+    return any(p.pc not in HALTED_PCS and _lane_in_flight(p) for p in world.procs)
 
 
 def _outage_hits(world: World) -> bool:
@@ -380,9 +399,11 @@ def reads_before_tick(p: Proc, lane: Lane, used: tuple[int, ...], cfg: ModelConf
     local = p.local if lane is Lane.MAIN else p.control
     if local.phase not in (Phase.READING, Phase.WRITING):
         return False
+    faults = cfg.faults
+    if used[5] < faults.pause:
+        return False  # time may pass before the read (a pause)
     if local.op in (Op.EXIT, Op.JOIN, Op.CLOSE):
         return True
-    faults = cfg.faults
     left = max(0, faults.cas_unknown - used[3]) + max(0, faults.store_down - used[4])
     return left == 0
 
@@ -405,6 +426,7 @@ def overwrites_before_tick(p: Proc, used: tuple[int, ...], cfg: ModelConfig) -> 
         and used[0] >= faults.crash
         and used[3] >= faults.cas_unknown
         and used[4] >= faults.store_down
+        and used[5] >= faults.pause
     )
 
 
@@ -615,7 +637,7 @@ class _Run:
         )
         if self.cfg.forgets_stale_watch:
             world = forget_stale_watch(world, self.cfg)
-        if self.cfg.forget_announce and self.cfg.variant.announces:
+        if self.cfg.forget_announce and self.cfg.variant.announces and not self.cfg.faults.pause:
             world = forget_stale_announcement(world, self.cfg)
         if not self.cfg.rotates_beat_values:
             return world
@@ -1387,6 +1409,19 @@ def apply(
     kind = MAIN_MOVES.get(kind, kind)
     if kind == "tick":
         run.note(f"time advances by one tick ({t} ms)")
+        _tick(run)
+    elif kind == "pause_tick":
+        run.used[5] += 1
+        run.note(
+            f"time advances by one tick ({t} ms) while every store request in flight waits "
+            "(its process is paused)"
+        )
+        for i, p in enumerate(run.procs):
+            if p.pc not in HALTED_PCS and _lane_in_flight(p):
+                # As for a lost write: a paused node's heartbeat may go stale through an
+                # injected fault, so its expiry is no longer a live node wrongly evicted
+                # (until its own heartbeat reaches the store fresh again).
+                run.procs[i] = evolve_proc(p, beating=False)
         _tick(run)
     elif kind in ("io", "wake"):
         p = run.procs[slot]

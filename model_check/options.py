@@ -50,10 +50,10 @@ ROUNDS_LIMIT = 64
 """Largest --max-rounds (every documented run uses 1 or 2)."""
 BUDGET_LIMIT = 64
 """Largest --closes, --worker-failures and fault budget (--crash, --restart-new, --restart-same,
---cas-unknown, --store-down); every documented run uses at most 3."""
+--cas-unknown, --store-down, --pause); every documented run uses at most 3."""
 BUDGET_OPTIONS = (
     *("closes", "worker_failures", "crash", "restart_new", "restart_same", "cas_unknown"),
-    "store_down",
+    *("store_down", "pause"),
 )
 """Options counted as budgets, each in 0..BUDGET_LIMIT."""
 
@@ -73,6 +73,7 @@ MODEL_OPTIONS = (
     "restart_same",
     "cas_unknown",
     "store_down",
+    "pause",
     "skew",
     "late",
     "next_job",
@@ -226,6 +227,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--store-down", type=int, default=0, help=f"store unreachable for one call ({budget})"
+    )
+    p.add_argument(
+        "--pause",
+        type=int,
+        default=0,
+        help="ticks that may pass while store requests are in flight: a process paused "
+        f"between a read and the write it decided on it ({budget})",
     )
     p.add_argument(
         "--skew",
@@ -491,7 +499,9 @@ def build_config(
             max_rounds=ns.max_rounds,
             closes=ns.closes,
             worker_failures=ns.worker_failures,
-            faults=Faults(ns.crash, ns.restart_new, ns.restart_same, ns.cas_unknown, ns.store_down),
+            faults=Faults(
+                ns.crash, ns.restart_new, ns.restart_same, ns.cas_unknown, ns.store_down, ns.pause
+            ),
             skew_ticks=ns.skew,
             duplicate_identity=ns.duplicate_identity,
             late_starts=ns.late_starts,

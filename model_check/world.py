@@ -126,16 +126,22 @@ class Faults:
     restart_same: int = 0
     cas_unknown: int = 0
     store_down: int = 0
+    pause: int = 0
+    """Ticks that may pass while store requests are in flight (``pause_tick``): every
+    process with a read, write, wait or set request pending is paused across the tick,
+    as SIGSTOP, a GC or a VM stall would hold it between a read and the write it decided
+    on it. Without this fault, time passes only when no process can move."""
 
     def describe(self) -> str:
-        return (
+        text = (
             f"crash={self.crash} restart_new={self.restart_new} "
             f"restart_same={self.restart_same} cas_unknown={self.cas_unknown} "
             f"store_down={self.store_down}"
         )
+        return f"{text} pause={self.pause}" if self.pause else text
 
 
-FAULT_KINDS = ("crash", "restart_new", "restart_same", "cas_unknown", "store_down")
+FAULT_KINDS = ("crash", "restart_new", "restart_same", "cas_unknown", "store_down", "pause")
 
 
 @dataclass(frozen=True)
@@ -249,6 +255,7 @@ class ModelConfig:
             self.rotate_beats
             and self.variant.heartbeats == spec.KEY_BEATS
             and self.faults.restart_same == 0
+            and self.faults.pause == 0
             and not self.duplicate_identity
         )
 
@@ -258,11 +265,13 @@ class ModelConfig:
         key is written only by its node's one process, whose count only goes forward (a
         value replaced in a key never comes back). Not with a restart under the same
         identity (the new incarnation counts from zero again) nor with two processes
-        sharing an identity."""
+        sharing an identity. None of the three exact abstractions applies under
+        ``pause`` (their arguments rest on time passing only when nobody can move)."""
         return (
             self.forget_watch
             and self.variant.heartbeats == spec.KEY_BEATS
             and self.faults.restart_same == 0
+            and self.faults.pause == 0
             and not self.duplicate_identity
         )
 
@@ -282,6 +291,7 @@ class ModelConfig:
             and not v.folds
             and not self.duplicate_identity
             and not self.cas_ignores_token
+            and self.faults.pause == 0
         )
 
 
@@ -368,7 +378,7 @@ def store_token(store: bytes | None) -> int | None:
 class World:
     store: bytes | None
     procs: tuple[Proc, ...]
-    used: tuple[int, ...] = (0, 0, 0, 0, 0)
+    used: tuple[int, ...] = (0, 0, 0, 0, 0, 0)
     """Faults spent, in the order of :data:`FAULT_KINDS`."""
     closes: int = 0
     """Shutdown calls made so far."""

@@ -1036,7 +1036,7 @@ def test_a_tick_never_makes_a_replaced_heartbeat_value_equal_again(forget: bool)
             Proc(me, Pc.MEMBER, local, spec.Local(me), beating=True),
             Proc(gone, Pc.CRASHED, spec.Local(gone), spec.Local(gone)),
         ),
-        used=(1, 0, 0, 0, 0),
+        used=(1, 0, 0, 0, 0, 0),
     )
     after = apply(world, Move("tick"), cfg).world
     seen = {n: (v, at) for n, v, at in after.procs[0].local.seen_beats}
@@ -1332,7 +1332,7 @@ def test_a_cached_fingerprint_is_reused_and_still_tells_worlds_apart() -> None:
     assert canon.fingerprint(world) == fp == canon.fingerprint(dataclasses.replace(world))
     assert canon.calls == 1  # searched once: the equal worlds hit the cache
     others = [
-        dataclasses.replace(world, used=(1, 0, 0, 0, 0)),
+        dataclasses.replace(world, used=(1, 0, 0, 0, 0, 0)),
         dataclasses.replace(world, closes=1),
         _ring([1, 2, 0], [7, 7, 6]),
     ]

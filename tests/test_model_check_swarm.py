@@ -126,7 +126,7 @@ def test_swarm_json_document(capsys: Capsys) -> None:
 
 
 def test_knobs_are_a_function_of_the_seed_within_the_caps() -> None:
-    caps = swarm.Caps(Faults(3, 2, 1, 2, 2), closes=1, worker_failures=2, skew=4, late=3)
+    caps = swarm.Caps(Faults(3, 2, 1, 2, 2, 1), closes=1, worker_failures=2, skew=4, late=3)
     drawn = [swarm.draw_knobs(caps, 8, 7, i) for i in range(64)]
     assert drawn == [swarm.draw_knobs(caps, 8, 7, i) for i in range(64)]
     assert drawn != [swarm.draw_knobs(caps, 8, 8, i) for i in range(64)]
