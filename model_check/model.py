@@ -85,9 +85,9 @@ from model_check.world import (
     decode_cached,
     encode_cached,
     evolve_proc,
+    image_of,
     store_image,
     store_state,
-    store_token,
     version_token,
 )
 from spec import (
@@ -262,7 +262,7 @@ def _outage_hits(world: World) -> bool:
             continue
         if p.pc in BEATING_PCS and p.local.phase not in _IO_PHASES:
             return False
-        hits = hits or p.local.phase in _IO_PHASES or p.control.phase in _IO_PHASES
+        hits = hits or _lane_in_flight(p)
     return hits
 
 
@@ -714,7 +714,7 @@ class _Run:
 
     def image(self) -> spec.StoreImage:
         """The simulated store as spec's definition sees it (:mod:`spec.storage`)."""
-        return spec.StoreImage(self.store, store_token(self.store), self.announced, self.beats)
+        return image_of(self.store, self.announced, self.beats)
 
     def serve(
         self, slot: int, request: spec.ServedRequest, lane: Lane = Lane.MAIN

@@ -552,7 +552,16 @@ def store_state(world: World) -> RendezvousState:
     return EMPTY_STATE if world.store is None else decode_cached(world.store)
 
 
-def store_image(world: World) -> spec.StoreImage:
-    """``world``'s simulated store as spec's definition of stores sees it
+def image_of(
+    store: bytes | None,
+    announced: tuple[tuple[int, NodeId], ...],
+    beats: tuple[tuple[NodeId, bytes], ...],
+) -> spec.StoreImage:
+    """The checker's simulated store as spec's definition of stores sees it
     (:mod:`spec.storage`)."""
-    return spec.StoreImage(world.store, store_token(world.store), world.announced, world.beats)
+    return spec.StoreImage(store, store_token(store), announced, beats)
+
+
+def store_image(world: World) -> spec.StoreImage:
+    """``world``'s simulated store (:func:`image_of`)."""
+    return image_of(world.store, world.announced, world.beats)

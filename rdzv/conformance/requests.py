@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from rdzv.backend import StoreRendezvousBackend
 from rdzv.conformance.common import Broken, Config
-from rdzv.conformance.sets import _sets_of
+from rdzv.conformance.sets import sets_of
 from rdzv.driver import serve_on
 from rdzv.store import Store
 from spec.codec import encode_node
@@ -120,7 +120,7 @@ def _register_requests(store: Store, cfg: Config) -> None:
 
 
 def _all_requests(store: Store, cfg: Config) -> None:
-    _sets_of(store)  # a store without member sets fails with the sets properties' message
+    sets_of(store)  # a store without member sets fails with the sets properties' message
     kinds = ("read", "cas", "announce", "withdraw", "read_announced", "beat", "read_beats")
     _run(store, "all", kinds)
 

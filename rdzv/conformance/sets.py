@@ -25,7 +25,7 @@ from rdzv.store import MAX_MEMBER_BYTES, SET_STORE_METHODS, PrefixStore, SetStor
 # -- member sets and try_get (SetStore) ------------------------------------------------
 
 
-def _sets_of(store: Store) -> SetStore:
+def sets_of(store: Store) -> SetStore:
     if not isinstance(store, SetStore):
         lacking = [m for m in SET_STORE_METHODS if not hasattr(store, m)]
         raise Broken(
@@ -36,7 +36,7 @@ def _sets_of(store: Store) -> SetStore:
 
 
 def _member_sets(plain: Store, cfg: Config) -> None:
-    store = _sets_of(plain)
+    store = sets_of(plain)
     expect_eq(store.members("s"), [], "members() of a set never added to")
     expect_eq(store.add_member("s", b"b"), 1, "add_member() to an absent set: size")
     expect_eq(store.add_member("s", b"a"), 2, "add_member() of a second member: size")
@@ -62,7 +62,7 @@ def _member_sets(plain: Store, cfg: Config) -> None:
 
 
 def _sets_are_not_keys(plain: Store, cfg: Config) -> None:
-    store = _sets_of(plain)
+    store = sets_of(plain)
     store.set_timeout(SHORT_TIMEOUT)
     store.add_member("only-a-set", b"m")
     expect_eq(store.check(["only-a-set"]), False, "check() of a name that is only a set")
@@ -86,7 +86,7 @@ def _sets_are_not_keys(plain: Store, cfg: Config) -> None:
 
 
 def _try_get(plain: Store, cfg: Config) -> None:
-    store = _sets_of(plain)
+    store = sets_of(plain)
     # A try_get that waits for the store timeout takes longer than wake_within and fails.
     store.set_timeout(cfg.wake_within * 2)
     got, took = timed(lambda: store.try_get("absent"))
@@ -116,7 +116,7 @@ def _expect_rejected(
 
 
 def _member_bounds(plain: Store, cfg: Config) -> None:
-    store = _sets_of(plain)
+    store = sets_of(plain)
     store.add_member("s", b"ok")
     too_long = b"x" * (MAX_MEMBER_BYTES + 1)
     bound = str(MAX_MEMBER_BYTES)  # a clear error names the bound
@@ -186,7 +186,7 @@ def _sizes_at_once(cfg: Config, call: Callable[[str], int], what: str, expected:
 
 
 def _concurrent_add_member(plain: Store, cfg: Config) -> None:
-    store = _sets_of(plain)
+    store = sets_of(plain)
     n, m = cfg.threads, cfg.increments
     add = functools.partial(store.add_member, "joined")
     _sizes_at_once(cfg, add, "add_member", range(1, n * m + 1))
@@ -196,7 +196,7 @@ def _concurrent_add_member(plain: Store, cfg: Config) -> None:
 
 
 def _remove_member(plain: Store, cfg: Config) -> None:
-    store = _sets_of(plain)
+    store = sets_of(plain)
     expect_eq(store.remove_member("s", b"a"), 0, "remove_member() from a set never added to")
     expect_eq(store.members("s"), [], "members() after a remove_member() from an absent set")
     for member in (b"a", b"b", "c\u00e9"):
@@ -233,7 +233,7 @@ def _remove_member(plain: Store, cfg: Config) -> None:
 
 
 def _removal_is_local(plain: Store, cfg: Config) -> None:
-    store = _sets_of(plain)
+    store = sets_of(plain)
     store.set_timeout(SHORT_TIMEOUT)
     store.set("both", b"plain")
     store.add_member("both", b"member")
@@ -263,7 +263,7 @@ def _removal_is_local(plain: Store, cfg: Config) -> None:
 
 
 def _concurrent_remove_member(plain: Store, cfg: Config) -> None:
-    store = _sets_of(plain)
+    store = sets_of(plain)
     n, m = cfg.threads, cfg.increments
     everyone = [f"t{i}.{j}" for i in range(n) for j in range(m)]
     for member in everyone:
