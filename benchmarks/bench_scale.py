@@ -30,6 +30,8 @@ a failed or killed measurement prints ``failed: <reason>`` in its row.
         --no-torch --no-plots --markdown --cap 60        # the issue's targets
     python3 benchmarks/bench_scale.py --default-only --sizes 8,128,1024 --no-plots \
         --markdown                  # the default protocol beside torch's c10d handler
+    python3 benchmarks/bench_scale.py --default-only --sizes 1024 --no-steady --no-torch \
+        --no-plots --wait-slices 1,5  # the handler's wait slice, old and new, side by side
 
 Plots (SVG, log-log) go to docs/benchmarks/ unless ``--no-plots``.
 """
@@ -302,6 +304,11 @@ def worker(job_json: str) -> NoReturn:
     job = json.loads(job_json)
     count = int(job["count"])
     bound = float(job["cap"]) + WATCHDOG_SLACK_S + _steady_s(job) + 60.0
+    if job.get("wait_slice") is not None:
+        import rdzv.driver
+
+        # --wait-slices: the handler's longest blocking wait, for this measurement only.
+        rdzv.driver.MAX_WAIT_SLICE = float(job["wait_slice"])
     handlers = _handlers(job, job["interval"], count)
     if not job.get("gc", False):
         # One process holds the decoded states of all its nodes, so each pass of the
@@ -687,6 +694,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="leave Python's cyclic garbage collector on in the worker processes",
     )
+    parser.add_argument(
+        "--wait-slices",
+        help="comma-separated seconds: measure each row once per value of the handler's "
+        "longest blocking wait (rdzv.driver.MAX_WAIT_SLICE), side by side; its rows say "
+        "e.g. 'scale 1s slice' (default: the handler's own slice, one measurement)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -701,6 +714,17 @@ def main(argv: list[str] | None = None) -> int:
             print(text_line(row))
         return report(saved, args)
     sizes = bench_handler.parse_sizes(parser, args.sizes, QUICK_SIZES if args.quick else SIZES)
+    slices: list[float | None] = [None]
+    if args.wait_slices is not None:
+        try:
+            given = [float(x) for x in args.wait_slices.split(",") if x.strip()]
+        except ValueError:
+            parser.error(f"--wait-slices takes comma-separated seconds, got {args.wait_slices!r}")
+        if not given or not all(0 < x <= 60 for x in given):
+            parser.error(
+                f"--wait-slices values must be seconds in (0, 60], got {args.wait_slices!r}"
+            )
+        slices = list(given)
     if args.cap <= 0:
         parser.error(f"--cap must be a positive number of seconds, got {args.cap}")
     if args.procs is not None and args.procs < 1:
@@ -752,7 +776,7 @@ def main(argv: list[str] | None = None) -> int:
                 torch = run_child({"kind": "torch", "n": n, "cap": args.cap}, args.cap)
             for store in stores:
                 kind, port = _server_of(store, urls[store])
-                for protocol in protocols:
+                for protocol, wait_slice in [(p, w) for p in protocols for w in slices]:
                     job = {
                         "kind": "round",
                         "url": urls[store],
@@ -765,12 +789,14 @@ def main(argv: list[str] | None = None) -> int:
                         "interval": args.steady_interval,
                         "procs": default_procs(store, n) if args.procs is None else args.procs,
                         "gc": args.gc,
+                        "wait_slice": wait_slice,
                     }
                     outcome = run_child(job, args.cap)
                     steady = None
                     if outcome.ok and not args.no_steady:
                         steady = run_child({**job, "kind": "steady"}, args.cap)
-                    row = Row(store, protocol, n, outcome, steady, torch)
+                    label = protocol if wait_slice is None else f"{protocol} {wait_slice:g}s slice"
+                    row = Row(store, label, n, outcome, steady, torch)
                     rows.append(row)
                     print(text_line(row), flush=True)
                     if args.save:

@@ -90,9 +90,16 @@ __all__ = [
 logger = logging.getLogger("rdzv.handler")
 """The handler's logger: the narration is part of the handler's output."""
 
-MAX_WAIT_SLICE = 1.0
+MAX_WAIT_SLICE = 5.0
 """Seconds: the longest single blocking wait for a state change before the clock is
-looked at again (a missed change notification costs at most this)."""
+looked at again (a missed change notification costs at most this). The machine's own
+timers (keep-alive due, last call, join deadline) end a wait by its ``until`` whatever the
+slice, and the stores deliver every change while a wait is subscribed, so the slice only
+bounds the rare missed notification and how often a member waiting for rank 0's bootstrap
+info re-reads the state. Each slice's end costs a waiting node a wake-up, a machine step,
+a read and a new subscription: 1 s slices made the 1,000 waiting nodes of a round of
+1,024 on two cores do about 1,000 of those a second, enough to slow the round past 10 s
+(docs/benchmarks.md, "The wait slice")."""
 
 
 CHECK_INVARIANTS_ENV = "RDZV_CHECK_INVARIANTS"

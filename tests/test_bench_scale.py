@@ -272,3 +272,24 @@ def test_steady_interval_must_be_positive(value: str) -> None:
     done = _bench("--steady-interval", value)
     assert done.returncode == 2
     assert "--steady-interval must be a positive number of seconds" in done.stderr
+
+
+@pytest.mark.parametrize("value", ["x", "0", "61", ","])
+def test_wait_slices_must_be_seconds(value: str) -> None:
+    done = _bench("--wait-slices", value)
+    assert done.returncode == 2
+    assert "--wait-slices" in done.stderr
+
+
+def test_wait_slices_measure_each_row_once_per_slice() -> None:
+    done = _bench(
+        *("--sizes", "8", "--stores", "memory", "--protocols", "scale"),
+        *("--no-torch", "--no-plots", "--no-steady", "--wait-slices", "0.5,5"),
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("memory ")]
+    assert [(r[1], r[2], r[3], r[4]) for r in rows] == [
+        ("scale", "0.5s", "slice", "8"),
+        ("scale", "5s", "slice", "8"),
+    ]
+    assert all(float(r[5]) > 0 for r in rows), rows  # both measured, neither failed

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, TypeVar
 
 import pytest
 
+import rdzv.driver
 import rdzv.handler
 from rdzv import (
     DynamicRendezvousHandler,
@@ -271,7 +272,7 @@ def _leader_joins_and_leaves(lead: DynamicRendezvousHandler, store: Store) -> No
 def test_a_round_whose_rank_0_never_publishes_is_left_for_the_next(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(rdzv.handler, "MAX_WAIT_SLICE", 0.05)  # re-check the state often
+    monkeypatch.setattr(rdzv.driver, "MAX_WAIT_SLICE", 0.05)  # re-check the state often
     store = MemoryStore()
     # Created first, so the smallest node id: rank 0 of the first round.
     lead, b, c = handler(store), handler(store), handler(store)
@@ -329,7 +330,7 @@ def test_a_round_whose_rank_0_died_is_ended_by_keep_alives_and_left() -> None:
 
 
 def test_a_close_during_the_bootstrap_wait_ends_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rdzv.handler, "MAX_WAIT_SLICE", 0.05)
+    monkeypatch.setattr(rdzv.driver, "MAX_WAIT_SLICE", 0.05)
     store = MemoryStore()
     lead, b = handler(store), handler(store)
     with shut_down(lead, b):
@@ -381,7 +382,7 @@ def test_a_bootstrap_wait_on_a_fake_clock_nobody_advances_ends_after_its_slices(
     clock = FakeClock()
     budget = 1.0  # the join timeout, all of it left (the clock stands still)
     bound = rdzv.handler.max_slices(clock, budget)
-    assert bound == math.ceil(budget / clock.max_real_wait(rdzv.handler.MAX_WAIT_SLICE)) + 1
+    assert bound == math.ceil(budget / clock.max_real_wait(rdzv.driver.MAX_WAIT_SLICE)) + 1
     store = _CountingWaits(limit=bound)
     # lead first: the smaller node id, rank 0
     lead, b = _pair_member(store, clock, budget), _pair_member(store, clock, budget)
