@@ -234,8 +234,16 @@ def _node(entry: Any, where: str, extra: int) -> tuple[NodeId, list[Any]]:
     return node, items[3:]
 
 
+_Columns = tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]
+"""The address, pid and local-id columns of a node list, as :func:`_fast_entries` read them."""
+
+
 def _fast_entries(
-    value: Any, extra: int, low: int, interned: dict[NodeId, NodeId]
+    value: Any,
+    extra: int,
+    low: int,
+    interned: dict[NodeId, NodeId],
+    seen: list[tuple[_Columns, list[NodeId]]],
 ) -> list[tuple[NodeId, int]] | list[NodeId] | None:
     """The common case of a node list, fast: every entry a list of ``3 + extra`` fields,
     well formed, the entries in strictly increasing order (as :func:`encode` writes them)
@@ -246,7 +254,13 @@ def _fast_entries(
 
     Every check runs over whole columns with built-ins (``map``, ``min``, ``max``,
     ``zip``), not per entry in Python: a state of 1,024 nodes is checked several times
-    faster (``benchmarks/bench_scale.py`` decodes one per node)."""
+    faster (``benchmarks/bench_scale.py`` decodes one per node).
+
+    ``seen`` holds the node columns this state's earlier lists had on this path and the
+    nodes made of them: a list with the same columns (the heartbeats of a complete round
+    list exactly its participants) reuses those nodes, already checked and ordered, and
+    this call adds its own columns when it makes new ones. Equal columns of exactly the
+    types checked here hold exactly the same values, so reusing them checks as much."""
     if type(value) is not list:
         return None
     if not value:
@@ -263,17 +277,22 @@ def _fast_entries(
         return None
     if extra and set(map(type, numbers)) != {int}:
         return None
+    if extra and (min(numbers) < low or max(numbers) > MAX_INT):
+        return None
+    node_columns = (addrs, pids, local_ids)
+    for known, known_nodes in seen:
+        if known == node_columns:
+            return list(zip(known_nodes, numbers, strict=True)) if extra else list(known_nodes)
     lengths = list(map(len, addrs))
     if min(lengths) < 1 or max(lengths) > MAX_ADDR_LEN or not all(map(str.isascii, addrs)):
         return None
     if min(pids) < 0 or max(pids) > MAX_INT or min(local_ids) < 0 or max(local_ids) > MAX_INT:
         return None
-    if extra and (min(numbers) < low or max(numbers) > MAX_INT):
-        return None
     nodes = trusted_nodes(zip(addrs, pids, local_ids, strict=True))
     if not all(map(operator.lt, nodes, itertools.islice(nodes, 1, None))):
         return None  # out of order or a duplicate
     nodes = list(map(interned.setdefault, nodes, nodes))
+    seen.append((node_columns, nodes))
     return list(zip(nodes, numbers, strict=True)) if extra else nodes
 
 
@@ -382,15 +401,16 @@ def _decode(data: bytes) -> tuple[RendezvousState, str | None]:
             )
     deadline = doc["deadline"]
     interned: dict[NodeId, NodeId] = {}
+    seen: list[tuple[_Columns, list[NodeId]]] = []
 
     def node_map(name: str, field: str, low: int = 0) -> tuple[tuple[NodeId, int], ...]:
-        fast = _fast_entries(doc[name], 1, low, interned)
+        fast = _fast_entries(doc[name], 1, low, interned, seen)
         if fast is None:
             return _node_map(doc[name], name, field, low)
         return tuple(fast)  # type: ignore[arg-type]
 
     def node_list(name: str) -> tuple[NodeId, ...]:
-        fast = _fast_entries(doc[name], 0, 0, interned)
+        fast = _fast_entries(doc[name], 0, 0, interned, seen)
         if fast is None:
             return _node_list(doc[name], name)
         return tuple(fast)  # type: ignore[arg-type]

@@ -166,6 +166,31 @@ def test_a_node_listed_twice_is_decoded_once() -> None:
     assert shared and all(members[n] is n for n in shared)
 
 
+def test_heartbeats_listing_exactly_the_participants_reuse_their_nodes_and_are_checked() -> None:
+    # A complete round's heartbeats list exactly its participants: the fast path reuses
+    # the participants' checked nodes for them, and still checks the heartbeat times and
+    # the types of every column.
+    nodes = [NodeId("h", 1, i) for i in range(40)]
+    state = RendezvousState.build(
+        participants={n: i for i, n in enumerate(nodes)},
+        last_heartbeats={n: 1_000 + i for i, n in enumerate(nodes)},
+        complete=True,
+    )
+    decoded = decode(encode(state, P))
+    assert decoded == state
+    members = {n: n for n, _ in decoded.participants}
+    assert all(members[n] is n for n, _ in decoded.last_heartbeats)
+    assert [t for _, t in decoded.last_heartbeats] == [1_000 + i for i in range(40)]
+    doc = _doc(state)
+    doc["heartbeats"][3][1] = True  # a pid that equals 1 but is not a number
+    with pytest.raises(CorruptState, match="heartbeats"):
+        decode(_bytes(doc))
+    doc = _doc(state)
+    doc["participants"][5][3] = -1  # the participants' own values are still checked
+    with pytest.raises(CorruptState, match="rank"):
+        decode(_bytes(doc))
+
+
 # -- malformed input: only CorruptState --------------------------------------------------
 def _only_corrupt(data: Any) -> None:
     """decode(data) either succeeds with a re-encodable state or raises CorruptState."""
