@@ -99,7 +99,7 @@ bounds the rare missed notification and how often a member waiting for rank 0's 
 info re-reads the state. Each slice's end costs a waiting node a wake-up, a machine step,
 a read and a new subscription: 1 s slices made the 1,000 waiting nodes of a round of
 1,024 on two cores do about 1,000 of those a second, enough to slow the round past 10 s
-(docs/benchmarks.md, "The wait slice")."""
+(docs/benchmarks.md, "The wait slice and a cheaper decode")."""
 
 
 CHECK_INVARIANTS_ENV = "RDZV_CHECK_INVARIANTS"
